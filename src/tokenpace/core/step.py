@@ -1,0 +1,79 @@
+"""What crosses the policy/engine boundary once per step."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from tokenpace.core.queue import WaitingQueue
+from tokenpace.core.request import Request
+
+
+@dataclass(frozen=True, slots=True)
+class StepState:
+    """A snapshot of what a real server knows at the start of a step.
+
+    ``waiting`` is in queue order (arrival order, preempted requests first) and must not be
+    mutated by a policy; ``running`` is in admission order. KV counts are in blocks of
+    ``block_size`` tokens. ``last_step_latency_s`` is None before the first step.
+    """
+
+    now_s: float
+    step_index: int
+    last_step_latency_s: float | None
+    waiting: WaitingQueue
+    running: Sequence[Request]
+    num_free_blocks: int
+    num_total_blocks: int
+    block_size: int
+
+    def blocks_for(self, num_tokens: int) -> int:
+        """Blocks needed to hold ``num_tokens`` tokens."""
+        return -(-num_tokens // self.block_size)
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    """A policy's decision for one step.
+
+    ``admit_ids``: waiting requests to admit, in admission order. ``num_scheduled_tokens``:
+    tokens each request computes this step (1 for a decoding request, a chunk for one still
+    prefilling); running requests missing from it sit this step out. ``forced_ids``: the
+    admitted requests that bypassed the admission gate (starvation force-admit).
+    """
+
+    admit_ids: tuple[int, ...] = ()
+    num_scheduled_tokens: Mapping[int, int] = field(default_factory=dict)
+    forced_ids: frozenset[int] = frozenset()
+
+    @staticmethod
+    def make_empty() -> StepPlan:
+        return StepPlan()
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledChunk:
+    """One request's share of a step: compute ``num_tokens`` tokens starting at its
+    ``num_computed_tokens``."""
+
+    request: Request
+    num_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """What an engine reports after running one step.
+
+    ``latency_s`` is the step's duration (the ITL every decoding request just saw).
+    ``sampled_token_ids`` maps each request that completed all its tokens this step to the
+    token sampled for it; ``stopped_ids`` are requests the engine ended early (EOS or a stop
+    string). KV counts are after the step, in blocks.
+    """
+
+    latency_s: float
+    sampled_token_ids: Mapping[int, int]
+    stopped_ids: frozenset[int]
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_used_blocks: int
+    num_total_blocks: int

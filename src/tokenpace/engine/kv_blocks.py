@@ -1,0 +1,54 @@
+"""Block accounting for a paged KV cache (counts only; storage belongs to each engine)."""
+
+from __future__ import annotations
+
+from tokenpace.core.request import Request
+
+
+class BlockAccountant:
+    """Tracks how many fixed-size KV blocks each request holds.
+
+    Blocks are allocated as tokens are computed (``ceil(computed / block_size)`` per request)
+    and returned on ``free``. ``allocate`` refuses to exceed capacity.
+    """
+
+    def __init__(self, num_total_blocks: int, block_size: int) -> None:
+        if num_total_blocks <= 0:
+            raise ValueError(f"num_total_blocks must be positive, got {num_total_blocks}")
+        if block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        self.num_total_blocks = num_total_blocks
+        self.block_size = block_size
+        self._held: dict[int, int] = {}
+        self._num_used = 0
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self._num_used
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.num_total_blocks - self._num_used
+
+    def blocks_held(self, request_id: int) -> int:
+        return self._held.get(request_id, 0)
+
+    def num_blocks_needed(self, request: Request, num_new_tokens: int) -> int:
+        target = -(-(request.num_computed_tokens + num_new_tokens) // self.block_size)
+        return max(0, target - self._held.get(request.request_id, 0))
+
+    def can_allocate(self, request: Request, num_new_tokens: int) -> bool:
+        return self.num_blocks_needed(request, num_new_tokens) <= self.num_free_blocks
+
+    def allocate(self, request: Request, num_new_tokens: int) -> None:
+        needed = self.num_blocks_needed(request, num_new_tokens)
+        if needed > self.num_free_blocks:
+            raise MemoryError(
+                f"request {request.request_id} needs {needed} blocks, {self.num_free_blocks} free"
+            )
+        if needed:
+            self._held[request.request_id] = self._held.get(request.request_id, 0) + needed
+            self._num_used += needed
+
+    def free(self, request_id: int) -> None:
+        self._num_used -= self._held.pop(request_id, 0)

@@ -1,0 +1,116 @@
+"""Engine latency/capacity profiles: the file format the simulator reads and profiling writes.
+
+A profile is a JSON object; see docs/profile-format.md for every key. Shipped profiles live in
+``tokenpace/profiles/<name>.json`` and load by name; any other path loads as a file.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointTier:
+    """Where a checkpoint can be loaded from: read bandwidth in GB/s (1e9 bytes/s)."""
+
+    name: str
+    bandwidth_gb_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class EngineProfile:
+    """Step latency (paper Eq. 2 plus prefill terms), KV capacity and checkpoint facts.
+
+    Decode step: ``l_min_ms`` for batch <= ``b0``, plus ``alpha_ms`` per request beyond.
+    Prefill: ``prefill_ms_per_token`` per prompt token plus ``prefill_attention_ms_per_kctx``
+    per token per 1,000 tokens of context already in the cache (the attention term), plus
+    ``mixed_prefill_overhead_ms`` once when a prefill chunk rides in a decode step.
+    ``noise_cv``: coefficient of variation of multiplicative step-time noise.
+    """
+
+    name: str
+    l_min_ms: float
+    b0: int
+    alpha_ms: float
+    r2: float | None
+    prefill_ms_per_token: float
+    prefill_attention_ms_per_kctx: float
+    mixed_prefill_overhead_ms: float
+    noise_cv: float
+    block_size: int
+    num_gpu_blocks: int
+    checkpoint_bytes: int
+    engine_init_s: float = 0.0
+    checkpoint_tiers: tuple[CheckpointTier, ...] = ()
+    mean_output_tokens: float = 50.0
+    notes: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        positive = ("l_min_ms", "b0", "block_size", "num_gpu_blocks")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ValueError(f"profile {self.name}: {name} must be positive")
+        for name in ("alpha_ms", "prefill_ms_per_token", "prefill_attention_ms_per_kctx",
+                     "mixed_prefill_overhead_ms", "noise_cv", "checkpoint_bytes"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"profile {self.name}: {name} must be >= 0")
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.block_size * self.num_gpu_blocks
+
+    def tier(self, name: str) -> CheckpointTier:
+        for tier in self.checkpoint_tiers:
+            if tier.name == name:
+                return tier
+        known = ", ".join(t.name for t in self.checkpoint_tiers)
+        raise KeyError(f"profile {self.name} has no checkpoint tier {name!r}; known: {known}")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EngineProfile:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown profile keys: {', '.join(unknown)}")
+        missing = sorted(
+            f.name
+            for f in fields(cls)
+            if f.name not in data and f.default is MISSING and f.default_factory is MISSING
+        )
+        if missing:
+            raise ValueError(f"profile is missing keys: {', '.join(missing)}")
+        values = dict(data)
+        values["checkpoint_tiers"] = tuple(
+            CheckpointTier(**tier) for tier in data.get("checkpoint_tiers", ())
+        )
+        return cls(**values)
+
+
+def load_profile(name_or_path: str | Path) -> EngineProfile:
+    """Load a shipped profile by name (e.g. ``v100-llama-3.2-3b``) or a JSON file by path.
+
+    Raises FileNotFoundError naming the value and the shipped names when neither exists.
+    """
+    path = Path(name_or_path)
+    if path.suffix == ".json" or path.exists():
+        if not path.is_file():
+            raise FileNotFoundError(f"profile file {str(path)!r} does not exist")
+        return EngineProfile.from_dict(json.loads(path.read_text()))
+    shipped = resources.files("tokenpace.profiles").joinpath(f"{name_or_path}.json")
+    if not shipped.is_file():
+        raise FileNotFoundError(
+            f"no profile named {str(name_or_path)!r}; shipped: {', '.join(shipped_profiles())}"
+        )
+    return EngineProfile.from_dict(json.loads(shipped.read_text()))
+
+
+def shipped_profiles() -> list[str]:
+    root = resources.files("tokenpace.profiles")
+    return sorted(p.name[: -len(".json")] for p in root.iterdir() if p.name.endswith(".json"))

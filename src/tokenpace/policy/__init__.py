@@ -1,0 +1,9 @@
+"""Admission policies. Importing this package registers every built-in policy."""
+
+from tokenpace.policy import dynamic_batch, fcfs, priority, vllm_default
+from tokenpace.policy.base import POLICIES, Policy, build_policy
+from tokenpace.policy.twp import policy as _twp
+
+__all__ = ["POLICIES", "Policy", "build_policy"]
+
+del dynamic_batch, fcfs, priority, vllm_default, _twp

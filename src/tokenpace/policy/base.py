@@ -1,0 +1,38 @@
+"""The policy interface and its registry."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+from tokenpace.core.registry import Registry
+from tokenpace.core.step import StepPlan, StepState
+from tokenpace.engine.profile import EngineProfile
+
+
+class Policy(Protocol):
+    """Pure decision: no I/O, no clock of its own.
+
+    ``plan`` is called once per step with a fresh snapshot and returns which waiting requests
+    to admit and how many tokens every request computes. Contract: each admitted id is waiting;
+    every admitted request is scheduled; a decoding request is scheduled for exactly 1 token.
+    A policy must admit something when nothing runs and requests wait, unless memory forbids
+    it, so an idle server never stalls. ``telemetry`` returns the policy's internal state
+    (numbers only) after the last ``plan``.
+    """
+
+    name: str
+
+    def plan(self, state: StepState) -> StepPlan: ...
+
+    def telemetry(self) -> Mapping[str, float]: ...
+
+
+PolicyFactory = Callable[[EngineProfile], Policy]
+
+POLICIES: Registry[PolicyFactory] = Registry("scheduler")
+
+
+def build_policy(name: str, profile: EngineProfile) -> Policy:
+    """Instantiate the registered policy ``name`` with its defaults for ``profile``."""
+    return POLICIES.get(name)(profile)

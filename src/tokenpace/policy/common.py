@@ -1,0 +1,25 @@
+"""Mechanics several policies share: how many tokens each active request computes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from tokenpace.core.request import Request
+
+UNCHUNKED = 1 << 62
+
+
+def schedule_tokens(requests: Iterable[Request], chunk_tokens: int) -> dict[int, int]:
+    """One token for each decoding request; up to ``chunk_tokens`` of the uncomputed tokens
+    for each request still prefilling (``UNCHUNKED`` feeds the whole prompt at once)."""
+    scheduled: dict[int, int] = {}
+    for request in requests:
+        uncomputed = request.num_uncomputed_tokens
+        scheduled[request.request_id] = uncomputed if uncomputed <= 1 else min(
+            uncomputed, chunk_tokens
+        )
+    return scheduled
+
+
+def kv_blocks_in_use(num_total_blocks: int, num_free_blocks: int) -> int:
+    return num_total_blocks - num_free_blocks

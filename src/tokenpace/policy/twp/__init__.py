@@ -1,0 +1,1 @@
+"""Token Window Pacing: monitor, window controller, KV guard, ranking, gate, chunked prefill."""

@@ -1,0 +1,108 @@
+"""The TWP policy: Algorithm 1 of the paper, one call of ``plan`` per decode step."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+import numpy as np
+
+from tokenpace.core.request import Request
+from tokenpace.core.step import StepPlan, StepState
+from tokenpace.engine.profile import EngineProfile
+from tokenpace.policy.base import POLICIES, Policy
+from tokenpace.policy.common import schedule_tokens
+from tokenpace.policy.twp.config import TwpConfig
+from tokenpace.policy.twp.gate import GateOutcome, run_gate
+from tokenpace.policy.twp.kv_guard import KvHeadroomGuard
+from tokenpace.policy.twp.ranking import order_by_score, rank
+from tokenpace.policy.twp.window import WindowController
+
+# Candidates sorted per batch of the gate's scan; the gate almost always closes within it.
+_SCAN_BATCH = 64
+
+
+class TwpPolicy:
+    """Token Window Pacing.
+
+    Per step, in the paper's strict order: (1) monitor: smooth the last step latency,
+    update the KV consumption rate; (2) window update (Eq. 3-4, clamped); (3) rank waiting
+    requests; (4) force-admit every request that waited T_max steps or more (queue order,
+    exempt from both guards, needing only physical KV room), then scan the ranking through
+    the gate, which closes at the first failure; (5) chunked prefill: every request still
+    prefilling computes up to C tokens this step; (6) decoding requests compute one token.
+    """
+
+    name = "twp"
+
+    def __init__(self, config: TwpConfig) -> None:
+        self.config = config
+        self.window = WindowController(config)
+        self.kv_guard = KvHeadroomGuard(config)
+        self._token_load = 0.0
+        self._num_forced = 0
+
+    def plan(self, state: StepState) -> StepPlan:
+        cfg = self.config
+        # (1)-(2) monitor and window update.
+        num_used = state.num_total_blocks - state.num_free_blocks
+        self.kv_guard.update(num_used, state.num_total_blocks)
+        window = self.window.update(state.last_step_latency_s, len(state.waiting))
+
+        remaining = [r.remaining_output_tokens for r in state.running]
+        token_load = float(sum(remaining))
+        mean_remaining = token_load / len(remaining) if remaining else 0.0
+        outcome = GateOutcome(token_load=token_load, num_free_blocks=state.num_free_blocks)
+        forced_ids: list[int] = []
+        if len(state.waiting):
+            # (3) ranking.
+            ranking = rank(state.waiting, state.now_s, state.step_index, mean_remaining, cfg)
+            # (4a) force-admit starving requests, bypassing the window and d_kv.
+            forced = state.waiting.request_at(ranking.forced)
+            for request in forced:
+                need = state.blocks_for(request.num_tokens)
+                if need > outcome.num_free_blocks:
+                    break
+                outcome.admitted.append(request)
+                outcome.token_load += request.remaining_output_tokens
+                outcome.num_free_blocks -= need
+                forced_ids.append(request.request_id)
+            # (4b) the gate, in rank order, over the rest.
+            scores = ranking.scores.copy()
+            scores[ranking.forced] = -np.inf
+            candidates = self._ranked(state, scores, len(state.waiting) - len(ranking.forced))
+            run_gate(candidates, outcome, window, self.kv_guard, state.block_size)
+        self._token_load = outcome.token_load
+        self._num_forced = len(forced_ids)
+        # (5)-(6) chunked prefill and decode.
+        scheduled = schedule_tokens([*state.running, *outcome.admitted], cfg.chunk_tokens)
+        return StepPlan(
+            admit_ids=tuple(r.request_id for r in outcome.admitted),
+            num_scheduled_tokens=scheduled,
+            forced_ids=frozenset(forced_ids),
+        )
+
+    @staticmethod
+    def _ranked(state: StepState, scores: np.ndarray, count: int) -> Iterator[Request]:
+        """Yield the ``count`` best-scored waiting requests, best first. The first batch
+        comes from a partial selection; a full sort happens only if the gate stays open."""
+        first = order_by_score(scores, min(count, _SCAN_BATCH))
+        yield from state.waiting.request_at(first)
+        if count > len(first):
+            rest = np.argsort(-scores, kind="stable")[len(first) : count]
+            yield from state.waiting.request_at(rest)
+
+    def telemetry(self) -> Mapping[str, float]:
+        return {
+            "token_window": self.window.window,
+            "target_window": self.window.target_window,
+            "smoothed_itl_ms": self.window.smoothed_itl_ms,
+            "slowdown": self.window.slowdown,
+            "kv_threshold_blocks": self.kv_guard.threshold_blocks,
+            "token_load": self._token_load,
+            "num_forced": float(self._num_forced),
+        }
+
+
+@POLICIES.register("twp")
+def _make(profile: EngineProfile) -> Policy:
+    return TwpPolicy(TwpConfig.from_profile(profile))

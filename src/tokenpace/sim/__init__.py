@@ -1,0 +1,1 @@
+"""Discrete-event simulation in virtual time."""

@@ -1,0 +1,50 @@
+"""Run one workload on one simulated server."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from tokenpace.core.request import Request
+from tokenpace.engine.profile import EngineProfile
+from tokenpace.engine.sim import SimEngine
+from tokenpace.policy.base import Policy
+from tokenpace.runtime.step_loop import StepLoop, StepRecord
+from tokenpace.sim.kernel import EventKernel
+from tokenpace.sim.server import PRIORITY_ARRIVAL, SimServer
+from tokenpace.workload.spec import RequestSpec, to_requests
+
+
+@dataclass(frozen=True, slots=True)
+class SimOutcome:
+    """Every request (finished or not) and the per-step records of one run."""
+
+    requests: list[Request]
+    steps: list[StepRecord]
+    end_s: float
+
+
+def simulate(
+    specs: Sequence[RequestSpec],
+    policy: Policy,
+    profile: EngineProfile,
+    rng: np.random.Generator,
+    record_steps: bool = True,
+) -> SimOutcome:
+    """Replay ``specs`` through one server running ``policy`` on a SimEngine; returns when
+    every request has finished."""
+    kernel = EventKernel()
+    loop = StepLoop(policy, SimEngine(profile, rng), record_steps=record_steps)
+    server = SimServer(kernel, loop)
+    requests = to_requests(specs)
+    for request in requests:
+        kernel.schedule(
+            request.arrival_s, PRIORITY_ARRIVAL, lambda t, r=request: server.submit(r, t)
+        )
+    kernel.run()
+    unfinished = [r.request_id for r in requests if not r.is_done]
+    if unfinished:
+        raise RuntimeError(f"{policy.name}: {len(unfinished)} requests never finished")
+    return SimOutcome(requests=requests, steps=loop.steps, end_s=kernel.now_s)

@@ -1,0 +1,1 @@
+"""Workloads: arrival processes, length distributions, prompt sources, named experiments."""
