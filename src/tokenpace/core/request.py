@@ -12,6 +12,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from tokenpace.core.sampling import SamplingParams
+
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
@@ -43,6 +45,7 @@ class Request:
     arrival_s: float
     prompt: str | None = None
     prompt_token_ids: list[int] | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0
     output_token_ids: list[int] = field(default_factory=list)

@@ -1,0 +1,25 @@
+"""How a request's tokens are sampled and when generation stops early."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """OpenAI-style sampling settings. ``temperature == 0`` means greedy. ``seed`` makes a
+    sampled request reproducible on its own. ``stop`` strings end generation (the stop
+    string is not part of the output); ``ignore_eos`` forces exactly max_tokens tokens, as
+    benchmark workloads do."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
