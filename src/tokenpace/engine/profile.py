@@ -54,8 +54,14 @@ class EngineProfile:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"profile {self.name}: {name} must be positive")
-        for name in ("alpha_ms", "prefill_ms_per_token", "prefill_attention_ms_per_kctx",
-                     "mixed_prefill_overhead_ms", "noise_cv", "checkpoint_bytes"):
+        for name in (
+            "alpha_ms",
+            "prefill_ms_per_token",
+            "prefill_attention_ms_per_kctx",
+            "mixed_prefill_overhead_ms",
+            "noise_cv",
+            "checkpoint_bytes",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"profile {self.name}: {name} must be >= 0")
 

@@ -15,8 +15,8 @@ def schedule_tokens(requests: Iterable[Request], chunk_tokens: int) -> dict[int,
     scheduled: dict[int, int] = {}
     for request in requests:
         uncomputed = request.num_uncomputed_tokens
-        scheduled[request.request_id] = uncomputed if uncomputed <= 1 else min(
-            uncomputed, chunk_tokens
+        scheduled[request.request_id] = (
+            uncomputed if uncomputed <= 1 else min(uncomputed, chunk_tokens)
         )
     return scheduled
 

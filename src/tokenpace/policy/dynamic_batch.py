@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tokenpace.core.config import option, require_positive
+from tokenpace.core.request import Request
 from tokenpace.core.step import StepPlan, StepState
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.policy.base import POLICIES, Policy
@@ -46,7 +47,7 @@ class DynamicBatchPolicy:
             else:
                 self._cap = min(cfg.max_batch, self._cap + 1)
         free = state.num_free_blocks
-        admitted = []
+        admitted: list[Request] = []
         for request in state.waiting:
             if len(state.running) + len(admitted) >= self._cap:
                 break

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -26,6 +27,10 @@ class SimOutcome:
     end_s: float
 
 
+def _arrive(server: SimServer, request: Request, now_s: float) -> None:
+    server.submit(request, now_s)
+
+
 def simulate(
     specs: Sequence[RequestSpec],
     policy: Policy,
@@ -40,9 +45,7 @@ def simulate(
     server = SimServer(kernel, loop)
     requests = to_requests(specs)
     for request in requests:
-        kernel.schedule(
-            request.arrival_s, PRIORITY_ARRIVAL, lambda t, r=request: server.submit(r, t)
-        )
+        kernel.schedule(request.arrival_s, PRIORITY_ARRIVAL, partial(_arrive, server, request))
     kernel.run()
     unfinished = [r.request_id for r in requests if not r.is_done]
     if unfinished:

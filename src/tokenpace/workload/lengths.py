@@ -38,4 +38,6 @@ class LengthMixture:
 
     @property
     def mean(self) -> float:
-        return float(sum(w * (lo + hi) / 2 for (lo, hi), w in zip(self.ranges, self.weights)))
+        return float(
+            sum(w * (lo + hi) / 2 for (lo, hi), w in zip(self.ranges, self.weights, strict=True))
+        )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from tokenpace.core.config import option, require_positive
 from tokenpace.engine.profile import EngineProfile
@@ -48,8 +49,18 @@ class TwpConfig:
 
     def __post_init__(self) -> None:
         require_positive(
-            self, "l_min_ms", "b0", "h0_tokens", "gain", "chunk_tokens", "ema_factor",
-            "queue_norm", "h_min_tokens", "h_max_tokens", "t_max_steps", "kv_rate_ema",
+            self,
+            "l_min_ms",
+            "b0",
+            "h0_tokens",
+            "gain",
+            "chunk_tokens",
+            "ema_factor",
+            "queue_norm",
+            "h_min_tokens",
+            "h_max_tokens",
+            "t_max_steps",
+            "kv_rate_ema",
         )
         if not self.gain <= 1:
             raise ValueError(f"TwpConfig.gain must be in (0, 1], got {self.gain}")
@@ -72,6 +83,6 @@ class TwpConfig:
             )
 
     @classmethod
-    def from_profile(cls, profile: EngineProfile, **overrides: float) -> TwpConfig:
+    def from_profile(cls, profile: EngineProfile, **overrides: Any) -> TwpConfig:
         """Defaults with l_min and B0 taken from ``profile``, then ``overrides`` applied."""
         return replace(cls(l_min_ms=profile.l_min_ms, b0=profile.b0), **overrides)

@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# Set up .venv with everything the test suite needs, then run the whole suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh dev
+exec .venv/bin/python -m pytest "$@"

@@ -1,0 +1,1 @@
+"""The benchmark matrix (schedulers x workloads x seeds), its results files and report."""

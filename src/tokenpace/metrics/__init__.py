@@ -1,0 +1,1 @@
+"""Request-level metrics (vLLM bench definitions) and their aggregation over seeds."""

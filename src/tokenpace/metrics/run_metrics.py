@@ -1,0 +1,68 @@
+"""One run's summary: the `runs` entries of results.json (DESIGN.md section 4)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tokenpace.core.request import Request
+from tokenpace.metrics.request_metrics import FloatArray, latencies
+from tokenpace.metrics.slo import Slo
+
+PERCENTILE_KEYS = ("mean", "p50", "p95", "p99")
+
+
+def distribution(samples: FloatArray, with_spread: bool = False) -> dict[str, float]:
+    """Mean and p50/p95/p99 (numpy's linear interpolation); with ``with_spread`` also the
+    population std and the coefficient of variation. Empty samples give NaN."""
+    if len(samples) == 0:
+        stats = dict.fromkeys(PERCENTILE_KEYS, float("nan"))
+        if with_spread:
+            stats |= {"std": float("nan"), "cv": float("nan")}
+        return stats
+    p50, p95, p99 = np.percentile(samples, [50, 95, 99])
+    mean = float(samples.mean())
+    stats = {"mean": mean, "p50": float(p50), "p95": float(p95), "p99": float(p99)}
+    if with_spread:
+        std = float(samples.std())
+        stats |= {"std": std, "cv": std / mean if mean > 0 else float("nan")}
+    return stats
+
+
+@dataclass(frozen=True, slots=True)
+class RunKey:
+    scheduler: str
+    workload: str
+    engine: str
+    seed: int
+
+
+def summarize_run(
+    key: RunKey, requests: Sequence[Request], start_s: float, slo: Slo
+) -> dict[str, Any]:
+    """The results.json ``runs`` entry: duration is from ``start_s`` (the workload's start)
+    to the last token delivered."""
+    lat = latencies(requests, slo)
+    ends = [r.token_times_s[-1] for r in requests if r.token_times_s]
+    duration = (max(ends) - start_s) if ends else 0.0
+    n_done = len(lat.ttft_ms)
+    per_s = 1.0 / duration if duration > 0 else 0.0
+    return {
+        "scheduler": key.scheduler,
+        "workload": key.workload,
+        "engine": key.engine,
+        "seed": key.seed,
+        "n_requests": len(requests),
+        "n_completed": n_done,
+        "duration_s": duration,
+        "ttft_ms": distribution(lat.ttft_ms),
+        "itl_ms": distribution(lat.itl_ms, with_spread=True),
+        "tpot_ms": distribution(lat.tpot_ms),
+        "e2e_ms": distribution(lat.e2e_ms),
+        "throughput_rps": n_done * per_s,
+        "throughput_tok_s": float(lat.num_output_tokens.sum()) * per_s,
+        "goodput_rps": float(lat.meets_slo.sum()) * per_s,
+    }
