@@ -1,0 +1,248 @@
+"""A simulated container: one step loop with a cold -> loading -> warm -> cold life cycle.
+
+While loading, requests routed here queue in its step loop and wait; their wait counts as
+``cold_start_s``. A warm container steps back to back while it has work; once it has none
+it arms its keep-alive timer and goes cold when the timer expires (unless the pool's floor
+on instances forbids it). Going cold releases the GPU: the checkpoint stays in host memory.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from tokenpace.core.request import Request, RequestStatus
+from tokenpace.engine.profile import EngineProfile
+from tokenpace.pool.checkpoint import CheckpointStore, load_time_s
+from tokenpace.pool.keepalive import KeepAliveTimer
+from tokenpace.runtime.step_loop import InFlightStep, StepLoop
+from tokenpace.sim.kernel import EventKernel
+from tokenpace.sim.server import PRIORITY_STEP_DONE
+
+BoundaryAction = Callable[[float], None]
+
+
+class ContainerState(enum.Enum):
+    COLD = "cold"
+    LOADING = "loading"
+    WARM = "warm"
+
+
+@dataclass(frozen=True, slots=True)
+class ColdStart:
+    """One container start: loading from ``tier`` during [start_s, ready_s)."""
+
+    container_id: int
+    tier: str
+    start_s: float
+    ready_s: float
+
+
+class ContainerListener(Protocol):
+    """What a container tells its pool."""
+
+    def on_finished(self, container: Container, requests: list[Request], now_s: float) -> None:
+        """``requests`` finished on ``container`` at ``now_s``."""
+        ...
+
+    def on_idle(self, container: Container, now_s: float) -> None:
+        """``container`` is warm with nothing to do (its keep-alive timer is armed)."""
+        ...
+
+    def may_retire(self, container: Container) -> bool:
+        """Whether ``container`` may go cold now (the autoscaler floor may forbid it)."""
+        ...
+
+
+class Container:
+    """One container of the pool, driven by events on ``kernel``.
+
+    ``submit`` routes a request here (starting a cold start when cold); ``start_load`` starts
+    one without a request (autoscaling). Migration uses ``release_waiting``,
+    ``release_running``, ``adopt`` and ``at_step_boundary``.
+    """
+
+    def __init__(
+        self,
+        container_id: int,
+        kernel: EventKernel,
+        loop: StepLoop,
+        profile: EngineProfile,
+        store: CheckpointStore,
+        keep_alive_s: float,
+        listener: ContainerListener,
+    ) -> None:
+        self.container_id = container_id
+        self.kernel = kernel
+        self.loop = loop
+        self.profile = profile
+        self.store = store
+        self.state = ContainerState.COLD
+        self.ready_at_s: float | None = None
+        self.cold_starts: list[ColdStart] = []
+        self._listener = listener
+        self._keep_alive = KeepAliveTimer(kernel, keep_alive_s, self._expire)
+        self._step: InFlightStep | None = None
+        self._at_boundary: list[BoundaryAction] = []
+
+    # --- state the routers read -------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        """A step is in flight."""
+        return self._step is not None
+
+    @property
+    def is_idle(self) -> bool:
+        return self.state is ContainerState.WARM and not self.busy and not self.loop.has_work
+
+    @property
+    def is_active(self) -> bool:
+        """Warm or loading: counts as an instance for the autoscaler."""
+        return self.state is not ContainerState.COLD
+
+    @property
+    def num_outstanding(self) -> int:
+        return len(self.loop.waiting) + len(self.loop.running)
+
+    @property
+    def keep_alive_deadline_s(self) -> float | None:
+        return self._keep_alive.deadline_s
+
+    def checkpoint_tier(self) -> str:
+        """Where this container would load its checkpoint from if it started now."""
+        return self.store.locate(self.profile.name)
+
+    def startup_s(self, now_s: float) -> float:
+        """Seconds until this container can run a step: 0 when warm, the rest of the load
+        when loading, the load time from its checkpoint's tier when cold."""
+        if self.state is ContainerState.WARM:
+            return 0.0
+        if self.state is ContainerState.LOADING:
+            assert self.ready_at_s is not None
+            return max(0.0, self.ready_at_s - now_s)
+        return load_time_s(self.profile, self.checkpoint_tier())
+
+    # --- life cycle ---------------------------------------------------------------------
+    def start_warm(self, now_s: float) -> None:
+        """Begin the run already warm (the checkpoint is resident) and idle."""
+        self.state = ContainerState.WARM
+        self._became_idle(now_s)
+
+    def start_load(self, now_s: float) -> None:
+        """Cold start: load the checkpoint from the fastest tier holding it. No-op unless
+        cold."""
+        if self.state is not ContainerState.COLD:
+            return
+        tier = self.checkpoint_tier()
+        self.ready_at_s = now_s + load_time_s(self.profile, tier)
+        self.state = ContainerState.LOADING
+        self.cold_starts.append(ColdStart(self.container_id, tier, now_s, self.ready_at_s))
+        self.kernel.schedule(self.ready_at_s, PRIORITY_STEP_DONE, self._loaded)
+
+    def submit(self, request: Request, now_s: float) -> None:
+        """Queue ``request`` here; a cold container starts loading."""
+        request.container_id = self.container_id
+        self.loop.add_request(request, now_s)
+        self._keep_alive.cancel()
+        if self.state is ContainerState.COLD:
+            self.start_load(now_s)
+        else:
+            self.wake(now_s)
+
+    def wake(self, now_s: float) -> None:
+        """Start a step if warm, not stepping, and there is work."""
+        if self.state is ContainerState.WARM and not self.busy:
+            self._start_step(now_s)
+
+    def _loaded(self, now_s: float) -> None:
+        self.state = ContainerState.WARM
+        self.ready_at_s = None
+        self.store.record_load(self.profile.name, self.profile.checkpoint_bytes)
+        for request in self.loop.waiting:
+            assert request.queued_s is not None
+            request.cold_start_s += now_s - request.queued_s
+        self._start_step(now_s)
+
+    def _start_step(self, now_s: float) -> None:
+        step = self.loop.begin_step(now_s)
+        self._step = step
+        if step is None:
+            if not self.loop.has_work:
+                self._became_idle(now_s)
+            return
+        self._keep_alive.cancel()
+        done_at = now_s + step.result.latency_s
+        self.kernel.schedule(done_at, PRIORITY_STEP_DONE, lambda t: self._complete(step, t))
+
+    def _complete(self, step: InFlightStep, now_s: float) -> None:
+        done = self.loop.complete_step(step, now_s)
+        self._step = None
+        actions, self._at_boundary = self._at_boundary, []
+        for action in actions:
+            action(now_s)
+        if done:
+            self._listener.on_finished(self, done, now_s)
+        if not self.busy:
+            self._start_step(now_s)
+
+    def _became_idle(self, now_s: float) -> None:
+        self._keep_alive.arm(now_s)
+        self._listener.on_idle(self, now_s)
+
+    def _expire(self, now_s: float) -> None:
+        if not self.is_idle:
+            return
+        if not self._listener.may_retire(self):
+            self._keep_alive.arm(now_s)
+            return
+        self.state = ContainerState.COLD
+        self.store.record_unload(self.profile.name, self.profile.checkpoint_bytes)
+
+    # --- migration ----------------------------------------------------------------------
+    def at_step_boundary(self, action: BoundaryAction, now_s: float) -> None:
+        """Run ``action(t)`` once no step is in flight: now if idle, else when the current
+        step's tokens have been delivered (before the next step starts)."""
+        if self.busy:
+            self._at_boundary.append(action)
+        else:
+            action(now_s)
+
+    def release_waiting(self, request_ids: list[int], now_s: float) -> list[Request]:
+        """Remove the given waiting requests (KeyError if one is not waiting). Time spent
+        waiting here on a load counts as cold start."""
+        released = self.loop.waiting.remove(request_ids)
+        if self.state is ContainerState.LOADING:
+            for request in released:
+                assert request.queued_s is not None
+                request.cold_start_s += now_s - request.queued_s
+        return released
+
+    def release_running(self, request: Request) -> bool:
+        """Stop serving ``request`` here without finishing it: drop it from the running
+        list (or the waiting queue, after a preemption) and free its KV blocks. Must not be
+        called while a step is in flight. Returns False if the request is not here."""
+        assert not self.busy, "release_running during a step"
+        if request in self.loop.running:
+            self.loop.running.remove(request)
+        else:
+            try:
+                self.loop.waiting.remove([request.request_id])
+            except KeyError:
+                return False
+        self.loop.engine.free(request.request_id)
+        return True
+
+    def adopt(self, request: Request, num_computed_tokens: int, now_s: float) -> None:
+        """Take over a migrated request whose first ``num_computed_tokens`` tokens this
+        container already holds in its KV cache (the re-prefill); the rest, generated on
+        the source meanwhile, are computed by the next step."""
+        assert self.state is ContainerState.WARM
+        assert 0 < num_computed_tokens < request.num_tokens
+        request.num_computed_tokens = num_computed_tokens
+        request.status = RequestStatus.RUNNING
+        request.container_id = self.container_id
+        self.loop.running.append(request)
+        self._keep_alive.cancel()
+        self.wake(now_s)

@@ -1,0 +1,110 @@
+"""Routers: which container a new request goes to. A registry, like the policies.
+
+A router sees frozen ``ContainerView`` snapshots of every container (index = container id)
+and returns a container id. Routing to a cold container starts it (a cold start).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from tokenpace.core.registry import Registry
+from tokenpace.core.request import Request
+from tokenpace.pool.container import ContainerState
+from tokenpace.pool.view import ContainerView
+
+
+class Router(Protocol):
+    """Pure routing decision. ``migrates``: whether the pool should run live migration
+    (ServerlessLLM's mechanism) behind this router."""
+
+    name: str
+    migrates: bool
+
+    def route(self, request: Request, views: Sequence[ContainerView]) -> int: ...
+
+
+RouterFactory = Callable[[], Router]
+
+ROUTERS: Registry[RouterFactory] = Registry("router")
+
+_STATE_RANK = {ContainerState.WARM: 0, ContainerState.LOADING: 1, ContainerState.COLD: 2}
+
+
+class RoundRobinRouter:
+    """Rotation over every container, whatever its state (a cold one gets started)."""
+
+    name = "round_robin"
+    migrates = False
+
+    def __init__(self) -> None:
+        self._next = 0
+
+    def route(self, request: Request, views: Sequence[ContainerView]) -> int:
+        chosen = self._next % len(views)
+        self._next = chosen + 1
+        return views[chosen].container_id
+
+
+class LeastLoadedRouter:
+    """Warm containers first, then loading ones, then cold ones; within the first group
+    that has any, the fewest outstanding tokens, then the fewest outstanding requests, then
+    the lowest id. New work never triggers a cold start while some container is warm or
+    loading; the autoscaler adds instances."""
+
+    name = "least_loaded"
+    migrates = False
+
+    def route(self, request: Request, views: Sequence[ContainerView]) -> int:
+        best = min(
+            views,
+            key=lambda v: (
+                _STATE_RANK[v.state],
+                v.outstanding_tokens,
+                v.num_outstanding,
+                v.container_id,
+            ),
+        )
+        return best.container_id
+
+
+class ServerlessLlmRouter:
+    """ServerlessLLM's locality-aware startup scheduling: estimated time to serve on each
+    container = startup (0 warm; remaining load; or load from the fastest tier holding the
+    checkpoint on that server: host memory, SSD, remote) + its queued work; the minimum
+    wins (ties: warm first, then lowest id). Live migration runs behind it."""
+
+    name = "serverlessllm"
+    migrates = True
+
+    def route(self, request: Request, views: Sequence[ContainerView]) -> int:
+        best = min(
+            views,
+            key=lambda v: (
+                v.startup_s + v.queue_wait_s,
+                _STATE_RANK[v.state],
+                v.container_id,
+            ),
+        )
+        return best.container_id
+
+
+@ROUTERS.register("round_robin")
+def _round_robin() -> Router:
+    return RoundRobinRouter()
+
+
+@ROUTERS.register("least_loaded")
+def _least_loaded() -> Router:
+    return LeastLoadedRouter()
+
+
+@ROUTERS.register("serverlessllm")
+def _serverlessllm() -> Router:
+    return ServerlessLlmRouter()
+
+
+def build_router(name: str) -> Router:
+    """Instantiate the registered router ``name``."""
+    return ROUTERS.get(name)()

@@ -1,0 +1,171 @@
+"""Run one workload on the simulated pool: the entry point the bench calls."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+
+from tokenpace.core.request import Request
+from tokenpace.engine.profile import EngineProfile
+from tokenpace.engine.sim import SimEngine
+from tokenpace.policy import POLICIES, build_policy
+from tokenpace.pool.autoscaler import Autoscaler
+from tokenpace.pool.checkpoint import CheckpointStore
+from tokenpace.pool.config import PoolConfig
+from tokenpace.pool.container import ColdStart, Container
+from tokenpace.pool.migration import MigrationRecord
+from tokenpace.pool.pool import Pool
+from tokenpace.pool.router import ROUTERS, build_router
+from tokenpace.runtime.step_loop import StepLoop, StepRecord
+from tokenpace.sim.kernel import EventKernel
+from tokenpace.sim.server import PRIORITY_ARRIVAL
+from tokenpace.workload.spec import RequestSpec, to_requests
+
+DEFAULT_ROUTER = "least_loaded"
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerSetup:
+    """What a scheduler name in results means on the pool: the admission policy inside
+    every container and the router in front of them."""
+
+    scheduler: str
+    policy: str
+    router: str
+
+
+# The paper's two routing baselines run FCFS admission inside containers.
+_ROUTER_SCHEDULERS = {"round_robin": "fcfs", "serverlessllm": "fcfs"}
+
+
+def scheduler_names() -> list[str]:
+    """Every name ``simulate_pool`` accepts: the policies plus the routing baselines."""
+    return sorted({*POLICIES.names(), *_ROUTER_SCHEDULERS})
+
+
+def resolve_scheduler(name: str, router: str | None = None) -> SchedulerSetup:
+    """``round_robin`` and ``serverlessllm`` are FCFS behind that router; any policy name
+    runs behind ``router`` (default ``least_loaded``). Raises ValueError for an unknown
+    name or a router that contradicts a routing baseline's own."""
+    if name in _ROUTER_SCHEDULERS:
+        if router is not None and router != name:
+            raise ValueError(f"scheduler {name!r} is its own router; got router {router!r}")
+        return SchedulerSetup(name, _ROUTER_SCHEDULERS[name], name)
+    if name not in POLICIES:
+        raise ValueError(
+            f"unknown scheduler {name!r}; valid choices: {', '.join(scheduler_names())}"
+        )
+    chosen = router or DEFAULT_ROUTER
+    if chosen not in ROUTERS:
+        raise ValueError(f"unknown router {chosen!r}; valid choices: {', '.join(ROUTERS.names())}")
+    return SchedulerSetup(name, name, chosen)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolOutcome:
+    """Everything one pool run produced.
+
+    ``requests``: every request in arrival order (ids 0..n-1), finished, with
+    ``container_id`` (where it finished) and ``cold_start_s``. ``steps``: per container (index
+    = container id) its step records (empty when not recorded). ``end_s``: when the last
+    request finished (virtual seconds from the first arrival's clock origin).
+    """
+
+    setup: SchedulerSetup
+    requests: list[Request]
+    steps: tuple[list[StepRecord], ...]
+    cold_starts: list[ColdStart]
+    migrations: list[MigrationRecord]
+    num_cancelled_migrations: int
+    end_s: float
+    num_events: int
+
+    @property
+    def num_cold_starts(self) -> int:
+        return len(self.cold_starts)
+
+    @property
+    def num_migrations(self) -> int:
+        return len(self.migrations)
+
+
+def simulate_pool(
+    specs: Sequence[RequestSpec],
+    scheduler_name: str,
+    profile: EngineProfile,
+    pool_config: PoolConfig,
+    rng: np.random.Generator,
+    router: str | None = None,
+) -> PoolOutcome:
+    """Replay ``specs`` through a pool of ``pool_config.num_containers`` simulated
+    containers, each with its own policy instance and SimEngine (its own random stream
+    spawned from ``rng``). Returns once every request has finished; the same ``rng`` state
+    and inputs give the same outcome. Raises RuntimeError if a request never finishes."""
+    setup = resolve_scheduler(scheduler_name, router)
+    kernel = EventKernel()
+    pool = Pool(
+        build_router(setup.router),
+        Autoscaler(
+            pool_config.target_per_instance,
+            pool_config.min_instances,
+            pool_config.instance_ceiling,
+        ),
+        pool_config.migration_batch_threshold,
+        pool_config.migration_overhead_s,
+    )
+    containers = build_containers(kernel, pool, setup.policy, profile, pool_config, rng)
+    pool.attach(containers)
+    for container in containers[: pool_config.initial_warm]:
+        container.start_warm(0.0)
+    requests = to_requests(specs)
+    for request in requests:
+        kernel.schedule(request.arrival_s, PRIORITY_ARRIVAL, partial(pool.submit, request))
+    kernel.run()
+    unfinished = [r.request_id for r in requests if not r.is_done]
+    if unfinished:
+        raise RuntimeError(
+            f"{setup.scheduler}: {len(unfinished)} requests never finished (first: {unfinished[0]})"
+        )
+    end_s = max((r.finished_s or 0.0 for r in requests), default=0.0)
+    migrator = pool.migrator
+    return PoolOutcome(
+        setup=setup,
+        requests=requests,
+        steps=tuple(c.loop.steps for c in containers),
+        cold_starts=sorted(
+            (s for c in containers for s in c.cold_starts),
+            key=lambda s: (s.start_s, s.container_id),
+        ),
+        migrations=list(migrator.records) if migrator else [],
+        num_cancelled_migrations=migrator.num_cancelled if migrator else 0,
+        end_s=end_s,
+        num_events=kernel.num_events_handled,
+    )
+
+
+def build_containers(
+    kernel: EventKernel,
+    pool: Pool,
+    policy_name: str,
+    profile: EngineProfile,
+    pool_config: PoolConfig,
+    rng: np.random.Generator,
+) -> list[Container]:
+    """Cold containers with their own policy, engine stream and checkpoint caches (the
+    checkpoint placed in ``pool_config.initial_tier`` on every server)."""
+    containers = []
+    for container_id, stream in enumerate(rng.spawn(pool_config.num_containers)):
+        store = CheckpointStore(pool_config.host_cache_bytes, pool_config.ssd_cache_bytes)
+        store.place(profile.name, profile.checkpoint_bytes, pool_config.initial_tier)
+        loop = StepLoop(
+            build_policy(policy_name, profile),
+            SimEngine(profile, stream),
+            record_steps=pool_config.record_steps,
+        )
+        containers.append(
+            Container(container_id, kernel, loop, profile, store, pool_config.keep_alive_s, pool)
+        )
+    return containers

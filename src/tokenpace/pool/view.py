@@ -1,0 +1,64 @@
+"""What a router sees of each container: a frozen snapshot taken at the request's arrival."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tokenpace.engine.profile import EngineProfile
+from tokenpace.pool.container import Container, ContainerState
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerView:
+    """One container at one instant.
+
+    ``outstanding_tokens``: tokens still to compute or generate for every request here
+    (uncomputed prompt/context tokens plus remaining output budget). ``startup_s``: seconds
+    until it can run a step (0 warm; rest of the load when loading; load time from
+    ``checkpoint_tier`` when cold). ``queue_wait_s``: estimated seconds of work already
+    queued (see ``estimate_queue_wait_s``).
+    """
+
+    container_id: int
+    state: ContainerState
+    num_waiting: int
+    num_running: int
+    outstanding_tokens: int
+    startup_s: float
+    queue_wait_s: float
+    checkpoint_tier: str
+
+    @property
+    def num_outstanding(self) -> int:
+        return self.num_waiting + self.num_running
+
+
+def estimate_queue_wait_s(
+    profile: EngineProfile, num_prefill_tokens: int, num_decode_tokens: int
+) -> float:
+    """Seconds of work queued on one container, at its efficient operating point: prefill
+    tokens at the profile's per-token prefill cost, decode tokens at B0 per step of l_min."""
+    ms = num_prefill_tokens * profile.prefill_ms_per_token
+    ms += num_decode_tokens * profile.l_min_ms / profile.b0
+    return ms / 1000.0
+
+
+def view_of(container: Container, now_s: float) -> ContainerView:
+    """Snapshot ``container`` for routing."""
+    loop = container.loop
+    prefill = 0
+    decode = 0
+    for request in (*loop.running, *loop.waiting):
+        prefill += request.num_uncomputed_tokens
+        decode += request.remaining_output_tokens
+    tier = container.checkpoint_tier() if container.state is ContainerState.COLD else "gpu"
+    return ContainerView(
+        container_id=container.container_id,
+        state=container.state,
+        num_waiting=len(loop.waiting),
+        num_running=len(loop.running),
+        outstanding_tokens=prefill + decode,
+        startup_s=container.startup_s(now_s),
+        queue_wait_s=estimate_queue_wait_s(container.profile, prefill, decode),
+        checkpoint_tier=tier,
+    )
