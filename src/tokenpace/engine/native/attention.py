@@ -1,0 +1,154 @@
+"""The attention function the native engine registers with transformers' AttentionInterface.
+
+The unchanged model code runs one forward over a flattened batch (``[1, num_tokens]``): the
+first ``num_decode`` tokens are single-token chunks ordered by KV slot, the rest are prefill
+chunks laid end to end. Per layer, this function writes the new keys and values into the slot
+cache in place, then attends: decode tokens by grouped matrix products over the packed slot
+rows (the query heads that share a KV head form one small matrix), prefill chunks one by one
+with SDPA under a causal mask offset by the chunk's start position.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from tokenpace.engine.native.kv_cache import SlotKVCache
+
+ATTENTION_NAME = "tokenpace_slots"
+LAYOUT_KWARG = "tokenpace_layout"
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillSpan:
+    """A prefill chunk: flattened rows ``row .. row + num_tokens - 1`` hold positions
+    ``start .. start + num_tokens - 1`` of the request in ``slot``."""
+
+    row: int
+    num_tokens: int
+    slot: int
+    start: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepLayout:
+    """Where every flattened token of a step lives in the KV cache.
+
+    Decode rows ``0 .. len(decode_slots) - 1`` write position ``decode_positions[i]`` of
+    slot ``decode_slots[i]`` (slots ascending). ``decode_bias`` is ``[num_span, max_len]``
+    with 0 where a key is visible and -inf elsewhere, for slots ``0 .. num_span - 1``;
+    ``decode_is_dense`` says decode slots are exactly ``0 .. num_span - 1``.
+    """
+
+    cache: SlotKVCache
+    decode_slots: torch.Tensor
+    decode_positions: torch.Tensor
+    decode_bias: torch.Tensor
+    decode_max_len: int
+    decode_is_dense: bool
+    prefills: tuple[PrefillSpan, ...]
+
+    @property
+    def num_decode(self) -> int:
+        return int(self.decode_slots.shape[0])
+
+
+def slot_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """AttentionInterface entry point. ``query`` is ``[1, q_heads, tokens, head_dim]``,
+    ``key``/``value`` ``[1, kv_heads, tokens, head_dim]`` (RoPE applied); returns
+    ``[1, tokens, q_heads, head_dim]``. Without a layout (e.g. inside ``generate``) it is
+    plain SDPA attention."""
+    layout: StepLayout | None = kwargs.get(LAYOUT_KWARG)
+    if layout is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(  # type: ignore[no-any-return]
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    layer = int(module.layer_idx)  # type: ignore[arg-type]
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    keys = layout.cache.keys[layer]
+    values = layout.cache.values[layer]
+    q = query[0].transpose(0, 1)  # [tokens, q_heads, dim]
+    k_new = key[0].transpose(0, 1)  # [tokens, kv_heads, dim]
+    v_new = value[0].transpose(0, 1)
+    out = torch.empty_like(q)
+    n = layout.num_decode
+    if n:
+        keys[layout.decode_slots, :, layout.decode_positions] = k_new[:n]
+        values[layout.decode_slots, :, layout.decode_positions] = v_new[:n]
+        out[:n] = _decode(q[:n], keys, values, layout, scale)
+    for span in layout.prefills:
+        rows = slice(span.row, span.row + span.num_tokens)
+        end = span.start + span.num_tokens
+        keys[span.slot, :, span.start : end] = k_new[rows].transpose(0, 1)
+        values[span.slot, :, span.start : end] = v_new[rows].transpose(0, 1)
+        out[rows] = _prefill(
+            q[rows], keys[span.slot, :, :end], values[span.slot, :, :end], span.start, scale
+        )
+    return out.unsqueeze(0), None
+
+
+def _decode(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, layout: StepLayout, scale: float
+) -> torch.Tensor:
+    """One query token per slot; ``q`` is ``[n, q_heads, dim]``. The ``[span, kv_heads,
+    max_len, dim]`` cache rows are a view, so the matmuls read KV in place."""
+    n, num_q_heads, dim = q.shape
+    num_kv_heads = keys.shape[1]
+    span = layout.decode_bias.shape[0]
+    grouped = q.view(n, num_kv_heads, num_q_heads // num_kv_heads, dim)
+    if not layout.decode_is_dense:
+        full = grouped.new_zeros(span, *grouped.shape[1:])
+        full[layout.decode_slots] = grouped
+        grouped = full
+    k = keys[:span, :, : layout.decode_max_len]
+    v = values[:span, :, : layout.decode_max_len]
+    scores = torch.matmul(grouped, k.transpose(-1, -2)).float() * scale
+    scores = scores + layout.decode_bias[:, None, None, :]
+    probs = torch.softmax(scores, dim=-1).to(v.dtype)
+    out = torch.matmul(probs, v)  # [span, kv_heads, group, dim]
+    if not layout.decode_is_dense:
+        out = out[layout.decode_slots]
+    return out.reshape(n, num_q_heads, dim)
+
+
+def _prefill(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, scale: float
+) -> torch.Tensor:
+    """Causal attention of ``q`` (``[tokens, q_heads, dim]`` at positions ``start ..``) over
+    ``keys``/``values`` (``[kv_heads, start + tokens, dim]``)."""
+    num_tokens = q.shape[0]
+    q4 = q.transpose(0, 1).unsqueeze(0)
+    k4, v4 = keys.unsqueeze(0), values.unsqueeze(0)
+    if start == 0:
+        out = F.scaled_dot_product_attention(
+            q4, k4, v4, is_causal=True, scale=scale, enable_gqa=True
+        )
+    else:
+        positions = torch.arange(start, start + num_tokens, device=q.device)
+        visible = torch.arange(start + num_tokens, device=q.device)[None, :] <= positions[:, None]
+        out = F.scaled_dot_product_attention(
+            q4, k4, v4, attn_mask=visible, scale=scale, enable_gqa=True
+        )
+    return out[0].transpose(0, 1)
+
+
+def register() -> str:
+    """Register ``slot_attention`` under ``ATTENTION_NAME`` (idempotent); returns the name."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION_NAME, slot_attention)
+    return ATTENTION_NAME

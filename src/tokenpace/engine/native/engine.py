@@ -1,0 +1,251 @@
+"""The native engine: one transformers forward per step over a flattened mixed batch."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from tokenpace.core.request import Request
+from tokenpace.core.step import ScheduledChunk, StepResult
+from tokenpace.engine.kv_blocks import BlockAccountant
+from tokenpace.engine.native import attention
+from tokenpace.engine.native.attention import LAYOUT_KWARG, PrefillSpan, StepLayout
+from tokenpace.engine.native.config import NativeEngineConfig
+from tokenpace.engine.native.kv_cache import KVShape, SlotKVCache
+from tokenpace.engine.native.loading import LoadedModel, load_model
+from tokenpace.engine.native.sampler import sample
+from tokenpace.engine.native.stopping import should_stop
+
+Clock = Callable[[], float]
+
+# Synthetic prompts (requests with neither text nor ids, as length-only workloads make)
+# use ordinary vocabulary ids away from the special tokens at the start of the vocabulary.
+_SYNTHETIC_FIRST_ID = 1000
+_SYNTHETIC_SPAN = 20000
+
+
+class NativeEngine:
+    """Implements the Engine protocol on a transformers causal LM (CPU or CUDA).
+
+    Blocks are accounted by a ``BlockAccountant`` (``config.num_blocks`` blocks of
+    ``config.block_size`` tokens); storage is a ``SlotKVCache``. ``execute`` runs one forward
+    pass: every chunk's tokens, logits only at the last token of requests that complete
+    this step, a sampled token for each of them, EOS / stop-string checks. ``latency_s`` is
+    the wall time of the whole step on ``clock`` (seconds, device synchronised).
+    Requests need ``prompt_token_ids``, or a ``prompt`` the engine tokenizes, whose length is
+    ``num_prompt_tokens``; with neither, a deterministic synthetic prompt is used.
+    """
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        config: NativeEngineConfig,
+        clock: Clock,
+        rng: np.random.Generator,
+    ) -> None:
+        self.loaded = loaded
+        self.config = config
+        self._clock = clock
+        self._base_seed = int(rng.integers(0, 2**62))
+        self._model = loaded.model
+        self._model.set_attn_implementation(attention.register())
+        model_config = self._model.config
+        head_dim = getattr(model_config, "head_dim", None) or (
+            model_config.hidden_size // model_config.num_attention_heads
+        )
+        self._cache = SlotKVCache(
+            KVShape(model_config.num_hidden_layers, model_config.num_key_value_heads, head_dim),
+            dtype=loaded.dtype,
+            device=loaded.device,
+            max_slots=config.max_num_seqs,
+            max_positions=config.max_model_len,
+        )
+        self._blocks = BlockAccountant(config.num_blocks, config.block_size)
+
+    @classmethod
+    def load(
+        cls,
+        config: NativeEngineConfig,
+        clock: Clock = time.perf_counter,
+        rng: np.random.Generator | None = None,
+    ) -> NativeEngine:
+        """Load ``config.model`` (see ``load_model``) and build the engine on it."""
+        loaded = load_model(config, clock)
+        return cls(loaded, config, clock, rng if rng is not None else np.random.default_rng(0))
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.loaded.tokenizer
+
+    @property
+    def block_size(self) -> int:
+        return self._blocks.block_size
+
+    @property
+    def num_total_blocks(self) -> int:
+        return self._blocks.num_total_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self._blocks.num_free_blocks
+
+    @property
+    def num_active_slots(self) -> int:
+        return self._cache.num_active
+
+    def num_blocks_needed(self, request: Request, num_new_tokens: int) -> int:
+        return self._blocks.num_blocks_needed(request, num_new_tokens)
+
+    def free(self, request_id: int) -> None:
+        self._blocks.free(request_id)
+        self._cache.release(request_id)
+
+    def execute(self, chunks: Sequence[ScheduledChunk]) -> StepResult:
+        start = self._clock()
+        for chunk in chunks:
+            self._admit_chunk(chunk)
+        num_prefill = sum(c.num_tokens for c in chunks if c.request.is_prefilling)
+        num_decode = sum(1 for c in chunks if not c.request.is_prefilling)
+        decode = sorted(
+            (c for c in chunks if c.num_tokens == 1),
+            key=lambda c: self._slot(c.request),
+        )
+        prefill = [c for c in chunks if c.num_tokens > 1]
+        ordered = [*decode, *prefill]
+        token_ids: list[int] = []
+        positions: list[int] = []
+        sample_rows: list[int] = []
+        sampled_requests: list[Request] = []
+        for chunk in ordered:
+            request = chunk.request
+            first = request.num_computed_tokens
+            token_ids.extend(_token_ids(request, first, first + chunk.num_tokens))
+            positions.extend(range(first, first + chunk.num_tokens))
+            if first + chunk.num_tokens == request.num_tokens:
+                sample_rows.append(len(token_ids) - 1)
+                sampled_requests.append(request)
+        layout = self._layout(decode, prefill)
+        logits = self._forward(token_ids, positions, sample_rows, layout)
+        for chunk in chunks:
+            chunk.request.num_computed_tokens += chunk.num_tokens
+            self._cache.set_length(self._slot(chunk.request), chunk.request.num_computed_tokens)
+        sampled: dict[int, int] = {}
+        stopped: set[int] = set()
+        for row, request in enumerate(sampled_requests):
+            seed = request.sampling.seed
+            if seed is None:
+                seed = self._base_seed + request.request_id
+            token = sample(logits[row], request.sampling, seed, request.num_output_tokens)
+            sampled[request.request_id] = token
+            if should_stop(
+                self.tokenizer,
+                self.loaded.eos_token_ids,
+                request.sampling,
+                request.output_token_ids,
+                token,
+            ):
+                stopped.add(request.request_id)
+        if self.loaded.device.type == "cuda":
+            torch.cuda.synchronize(self.loaded.device)
+        return StepResult(
+            latency_s=self._clock() - start,
+            sampled_token_ids=sampled,
+            stopped_ids=frozenset(stopped),
+            num_prefill_tokens=num_prefill,
+            num_decode_tokens=num_decode,
+            num_used_blocks=self._blocks.num_used_blocks,
+            num_total_blocks=self._blocks.num_total_blocks,
+        )
+
+    def _admit_chunk(self, chunk: ScheduledChunk) -> None:
+        request = chunk.request
+        if chunk.num_tokens <= 0 or chunk.num_tokens > request.num_uncomputed_tokens:
+            raise ValueError(
+                f"request {request.request_id}: cannot compute {chunk.num_tokens} tokens "
+                f"({request.num_uncomputed_tokens} uncomputed)"
+            )
+        _ensure_prompt_ids(request, self.tokenizer)
+        self._blocks.allocate(request, chunk.num_tokens)
+        self._cache.assign(request.request_id)
+
+    def _slot(self, request: Request) -> int:
+        slot = self._cache.slot_of(request.request_id)
+        assert slot is not None, f"request {request.request_id} holds no KV slot"
+        return slot
+
+    def _layout(self, decode: list[ScheduledChunk], prefill: list[ScheduledChunk]) -> StepLayout:
+        device = self.loaded.device
+        ends = [c.request.num_computed_tokens + c.num_tokens for c in (*decode, *prefill)]
+        self._cache.ensure(self._cache.num_active, max(ends))
+        slots = [self._slot(c.request) for c in decode]
+        lengths = [c.request.num_computed_tokens + 1 for c in decode]
+        span = slots[-1] + 1 if slots else 0
+        max_len = max(lengths, default=0)
+        span_lengths = torch.zeros(span, dtype=torch.long)
+        span_lengths[slots] = torch.tensor(lengths, dtype=torch.long)
+        visible = torch.arange(max_len)[None, :] < span_lengths[:, None]
+        bias = torch.zeros(span, max_len).masked_fill_(~visible, float("-inf"))
+        spans: list[PrefillSpan] = []
+        row = len(decode)
+        for chunk in prefill:
+            start = chunk.request.num_computed_tokens
+            spans.append(PrefillSpan(row, chunk.num_tokens, self._slot(chunk.request), start))
+            row += chunk.num_tokens
+        return StepLayout(
+            cache=self._cache,
+            decode_slots=torch.tensor(slots, dtype=torch.long, device=device),
+            decode_positions=torch.tensor(
+                [n - 1 for n in lengths], dtype=torch.long, device=device
+            ),
+            decode_bias=bias.to(device),
+            decode_max_len=max_len,
+            decode_is_dense=slots == list(range(span)),
+            prefills=tuple(spans),
+        )
+
+    def _forward(
+        self, token_ids: list[int], positions: list[int], sample_rows: list[int], layout: StepLayout
+    ) -> torch.Tensor:
+        """Logits ``[len(sample_rows), vocab]`` (float32, CPU) at the given flattened rows."""
+        device = self.loaded.device
+        with torch.inference_mode():
+            out = self._model(
+                input_ids=torch.tensor([token_ids], dtype=torch.long, device=device),
+                position_ids=torch.tensor([positions], dtype=torch.long, device=device),
+                logits_to_keep=torch.tensor(sample_rows, dtype=torch.long, device=device),
+                use_cache=False,
+                **{LAYOUT_KWARG: layout},
+            )
+        logits: torch.Tensor = out.logits[0].float().cpu()
+        return logits
+
+
+def _ensure_prompt_ids(request: Request, tokenizer: Any) -> None:
+    if request.prompt_token_ids is None:
+        if request.prompt is not None:
+            request.prompt_token_ids = list(tokenizer.encode(request.prompt))
+        else:
+            request.prompt_token_ids = [
+                _SYNTHETIC_FIRST_ID + (request.request_id * 7919 + i) % _SYNTHETIC_SPAN
+                for i in range(request.num_prompt_tokens)
+            ]
+    if len(request.prompt_token_ids) != request.num_prompt_tokens:
+        raise ValueError(
+            f"request {request.request_id}: prompt has {len(request.prompt_token_ids)} tokens, "
+            f"num_prompt_tokens says {request.num_prompt_tokens}"
+        )
+
+
+def _token_ids(request: Request, first: int, end: int) -> list[int]:
+    """Token ids at positions ``first .. end - 1`` of prompt + output."""
+    prompt = request.prompt_token_ids
+    assert prompt is not None
+    tokens = prompt[first:end]
+    if end > len(prompt):
+        start_out = max(0, first - len(prompt))
+        tokens = [*tokens, *request.output_token_ids[start_out : end - len(prompt)]]
+    return tokens

@@ -1,0 +1,37 @@
+"""Next-token choice per request: greedy, or temperature + top-p with a reproducible seed."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from tokenpace.core.sampling import SamplingParams
+
+
+def token_seed(seed: int, output_index: int) -> int:
+    """The generator seed for output token ``output_index`` of a request seeded ``seed``.
+
+    Deriving it from (seed, index) rather than carrying generator state makes a sampled
+    request reproducible on its own, whatever it was batched with and even after a
+    preemption that recomputes its KV."""
+    state = np.random.SeedSequence([seed & (2**63 - 1), output_index]).generate_state(2)
+    return (int(state[0]) << 32 | int(state[1])) & (2**63 - 1)
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, seed: int, output_index: int) -> int:
+    """Choose the next token from ``logits`` (``[vocab]``, float32, CPU).
+
+    ``temperature == 0`` is argmax. Otherwise the distribution ``softmax(logits / T)`` is cut
+    to the smallest set of most likely tokens whose mass reaches ``top_p`` and sampled with a
+    generator seeded by ``token_seed(seed, output_index)``."""
+    if params.temperature == 0:
+        return int(torch.argmax(logits).item())
+    probs = torch.softmax(logits / params.temperature, dim=-1)
+    if params.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+        sorted_probs[mass_before >= params.top_p] = 0.0
+        probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+    generator = torch.Generator(device="cpu")
+    generator.manual_seed(token_seed(seed, output_index))
+    return int(torch.multinomial(probs, 1, generator=generator).item())
