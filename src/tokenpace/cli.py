@@ -153,3 +153,7 @@ def version() -> None:
 
 def main() -> None:
     app()
+
+
+if __name__ == "__main__":
+    main()

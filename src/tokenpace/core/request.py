@@ -52,6 +52,7 @@ class Request:
     # Timestamps (seconds). ``token_times_s[i]`` is when output token i reached the client.
     queued_s: float | None = None
     admitted_s: float | None = None
+    admitted_step: int | None = None
     token_times_s: list[float] = field(default_factory=list)
     finished_s: float | None = None
     finish_reason: FinishReason | None = None

@@ -13,11 +13,10 @@ def schedule_tokens(requests: Iterable[Request], chunk_tokens: int) -> dict[int,
     """One token for each decoding request; up to ``chunk_tokens`` of the uncomputed tokens
     for each request still prefilling (``UNCHUNKED`` feeds the whole prompt at once)."""
     scheduled: dict[int, int] = {}
-    for request in requests:
-        uncomputed = request.num_uncomputed_tokens
-        scheduled[request.request_id] = (
-            uncomputed if uncomputed <= 1 else min(uncomputed, chunk_tokens)
-        )
+    for r in requests:
+        # Inlined num_uncomputed_tokens: this runs for every active request every step.
+        uncomputed = r.num_prompt_tokens + len(r.token_times_s) - r.num_computed_tokens
+        scheduled[r.request_id] = uncomputed if uncomputed <= 1 else min(uncomputed, chunk_tokens)
     return scheduled
 
 

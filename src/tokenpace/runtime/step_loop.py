@@ -111,6 +111,7 @@ class StepLoop:
             request.status = RequestStatus.RUNNING
             if request.admitted_s is None:
                 request.admitted_s = now_s
+                request.admitted_step = self.step_index
             self.running.append(request)
         chunks, num_preempted = self._fit_in_kv(plan.num_scheduled_tokens)
         if not chunks:

@@ -1,0 +1,75 @@
+"""The bench writes the DESIGN.md section 4 files, deterministically."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+from tokenpace.bench.matrix import MatrixConfig
+from tokenpace.bench.suite import run_bench
+from tokenpace.engine.profile import EngineProfile
+from tokenpace.metrics.slo import Slo
+from tokenpace.workload.main_experiment import PoissonWorkload
+
+RUN_KEYS = {
+    "scheduler", "workload", "engine", "seed", "n_requests", "n_completed", "duration_s",
+    "ttft_ms", "itl_ms", "tpot_ms", "e2e_ms", "throughput_rps", "throughput_tok_s", "goodput_rps",
+}  # fmt: skip
+
+
+def small_config(profile: EngineProfile, workers: int) -> MatrixConfig:
+    return MatrixConfig(
+        schedulers=("twp", "fcfs"),
+        workloads=(PoissonWorkload(rate_per_s=18, duration_s=3, max_requests=40),),
+        seeds=(0, 1),
+        profile=profile,
+        slo=Slo(),
+        workers=workers,
+    )
+
+
+def test_results_files_and_byte_identical_reruns(
+    tmp_path: Path, paper_profile: EngineProfile
+) -> None:
+    first = run_bench(small_config(paper_profile, workers=1), tmp_path / "a")
+    run_bench(small_config(paper_profile, workers=2), tmp_path / "b")
+    a = (tmp_path / "a" / "results.json").read_bytes()
+    assert a == (tmp_path / "b" / "results.json").read_bytes()
+
+    document = json.loads(a)
+    assert set(document) == {"config", "runs", "summary"}
+    assert len(document["runs"]) == 4
+    for run in document["runs"]:
+        assert set(run) >= RUN_KEYS
+        assert set(run["ttft_ms"]) == {"mean", "p50", "p95", "p99"}
+        assert set(run["itl_ms"]) == {"mean", "p50", "p95", "p99", "std", "cv"}
+        assert run["n_completed"] == run["n_requests"]
+    assert [(e["scheduler"], e["n_seeds"]) for e in document["summary"]] == [
+        ("twp", 2),
+        ("fcfs", 2),
+    ]
+    assert set(document["summary"][0]["throughput_rps"]) == {"mean", "ci95"}
+
+    with (tmp_path / "a" / "requests.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == sum(r["n_requests"] for r in document["runs"])
+    assert all(len(row["token_times_s"].split()) == int(row["num_output_tokens"]) for row in rows)
+    report = (tmp_path / "a" / "report.md").read_text()
+    assert "| twp |" in report and "TWP against the baselines" in report
+    for name in first.figures:
+        assert (tmp_path / "a" / name).stat().st_size > 1000
+    assert any(name.startswith("fig9_twp_time_series") for name in first.figures)
+
+
+def test_same_workload_for_every_scheduler_of_a_seed(
+    tmp_path: Path, paper_profile: EngineProfile
+) -> None:
+    run_bench(small_config(paper_profile, workers=1), tmp_path)
+    with (tmp_path / "requests.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+
+    def arrivals(scheduler: str) -> list[str]:
+        return [r["arrival_s"] for r in rows if r["scheduler"] == scheduler and r["seed"] == "0"]
+
+    assert arrivals("twp") == arrivals("fcfs") and arrivals("twp")

@@ -1,0 +1,86 @@
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from tests.helpers import request, running
+from tokenpace.core.step import ScheduledChunk
+from tokenpace.engine.kv_blocks import BlockAccountant
+from tokenpace.engine.latency_model import LatencyModel, PrefillChunk
+from tokenpace.engine.profile import EngineProfile, load_profile, shipped_profiles
+from tokenpace.engine.sim import SimEngine
+
+
+def test_eq2_flat_up_to_b0_then_alpha_per_request(paper_profile: EngineProfile) -> None:
+    model = LatencyModel(paper_profile)  # l_min 43, B0 8, alpha 1.0
+    assert model.decode_ms(1) == model.decode_ms(8) == 43.0
+    assert model.decode_ms(20) == 43.0 + 12 * 1.0
+
+
+def test_prefill_cost_includes_attention_term_and_mixing(paper_profile: EngineProfile) -> None:
+    model = LatencyModel(paper_profile)  # 0.15 ms/token, 0.009 ms/token/kctx, mix 3 ms
+    chunk = PrefillChunk(num_tokens=64, context_start=100)
+    # mean context 100 + 32.5 = 132.5 -> per token 0.15 + 0.009 * 0.1325
+    assert model.prefill_ms(chunk) == pytest.approx(64 * (0.15 + 0.009 * 0.1325))
+    alone = model.step_s(0, [chunk])
+    mixed = model.step_s(4, [chunk])
+    assert mixed - alone == pytest.approx(0.003)  # the mixing overhead only
+    assert model.step_s(0, []) == 0.0
+
+
+def test_sim_engine_samples_when_prefill_completes_and_tracks_blocks(
+    paper_profile: EngineProfile,
+) -> None:
+    engine = SimEngine(replace(paper_profile, noise_cv=0.0), np.random.default_rng(0))
+    r = request(0, prompt=40, max_tokens=5)
+    result = engine.execute([ScheduledChunk(r, 32)])
+    assert result.sampled_token_ids == {} and result.num_prefill_tokens == 32
+    assert engine.num_total_blocks - engine.num_free_blocks == 2
+    result = engine.execute([ScheduledChunk(r, 8)])
+    assert result.sampled_token_ids == {0: 0}  # prompt complete: first token
+    assert engine.num_total_blocks - engine.num_free_blocks == 3  # 40 tokens
+    engine.free(0)
+    assert engine.num_free_blocks == engine.num_total_blocks
+
+
+def test_sim_engine_rejects_more_tokens_than_uncomputed(paper_profile: EngineProfile) -> None:
+    engine = SimEngine(paper_profile, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="cannot compute"):
+        engine.execute([ScheduledChunk(running(0, 10, 5, 1), 2)])
+
+
+def test_noise_has_the_configured_cv(paper_profile: EngineProfile) -> None:
+    engine = SimEngine(replace(paper_profile, noise_cv=0.05), np.random.default_rng(1))
+    samples = []
+    for i in range(2000):
+        r = running(i, 10, 5, 1)
+        samples.append(engine.execute([ScheduledChunk(r, 1)]).latency_s)
+        engine.free(i)
+    cv = np.std(samples) / np.mean(samples)
+    assert 0.045 < cv < 0.055
+
+
+def test_block_accountant_refuses_to_exceed_capacity() -> None:
+    blocks = BlockAccountant(num_total_blocks=2, block_size=16)
+    r = request(0, prompt=40)
+    assert not blocks.can_allocate(r, 40)
+    with pytest.raises(MemoryError):
+        blocks.allocate(r, 40)
+    blocks.allocate(r, 32)
+    assert blocks.num_free_blocks == 0
+
+
+def test_profiles_load_by_name_and_report_bad_input(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    assert "v100-llama-3.2-3b" in shipped_profiles()
+    with pytest.raises(FileNotFoundError, match="no profile named 'nope'"):
+        load_profile("nope")
+    bad = tmp_path / "p.json"
+    bad.write_text('{"name": "x"}')
+    with pytest.raises(ValueError, match="missing keys"):
+        load_profile(bad)
+    profile = load_profile("v100-llama-3.2-3b")
+    again = tmp_path / "again.json"
+    again.write_text(profile.to_json())
+    assert load_profile(again) == profile

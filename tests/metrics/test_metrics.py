@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from tokenpace.core.request import Request, RequestStatus
+from tokenpace.metrics.aggregate import mean_ci, summarize
+from tokenpace.metrics.request_metrics import latencies
+from tokenpace.metrics.run_metrics import RunKey, distribution, summarize_run
+from tokenpace.metrics.slo import Slo
+
+
+def finished(request_id: int, arrival: float, times: list[float]) -> Request:
+    r = Request(request_id, 10, len(times), arrival)
+    r.token_times_s = times
+    r.status = RequestStatus.FINISHED
+    r.finished_s = times[-1]
+    return r
+
+
+def test_vllm_bench_definitions_by_hand() -> None:
+    a = finished(0, 0.0, [0.5, 0.6, 0.8])  # TTFT 500, ITL 100 200, E2E 800, TPOT 150
+    b = finished(1, 1.0, [1.1, 1.4])  # TTFT 100, ITL 300, E2E 400, TPOT 300
+    lat = latencies([a, b], Slo(ttft_ms=400, tpot_ms=200))
+    assert lat.ttft_ms.tolist() == pytest.approx([500, 100])
+    assert sorted(lat.itl_ms.tolist()) == pytest.approx([100, 200, 300])
+    assert lat.tpot_ms.tolist() == pytest.approx([150, 300])
+    assert lat.meets_slo.tolist() == [False, False]  # a misses TTFT, b misses TPOT
+    run = summarize_run(RunKey("x", "w", "sim", 0), [a, b], start_s=0.0, slo=Slo(600, 200))
+    assert run["duration_s"] == pytest.approx(1.4)
+    assert run["throughput_rps"] == pytest.approx(2 / 1.4)
+    assert run["throughput_tok_s"] == pytest.approx(5 / 1.4)
+    assert run["goodput_rps"] == pytest.approx(1 / 1.4)
+    assert run["itl_ms"]["cv"] == pytest.approx(np.std([100, 200, 300]) / 200)
+
+
+def test_unfinished_requests_do_not_count() -> None:
+    pending = Request(5, 10, 4, 0.0)
+    pending.token_times_s = [0.2]
+    run = summarize_run(RunKey("x", "w", "sim", 0), [finished(0, 0, [0.1]), pending], 0.0, Slo())
+    assert run["n_requests"] == 2 and run["n_completed"] == 1
+
+
+def test_distribution_of_nothing_is_nan() -> None:
+    assert math.isnan(distribution(np.zeros(0))["p99"])
+
+
+def test_mean_ci_uses_student_t() -> None:
+    stat = mean_ci([1.0, 2.0, 3.0])
+    # sd 1, n 3, t(2) = 4.303 -> 4.303 / sqrt(3)
+    assert stat["mean"] == 2.0 and stat["ci95"] == pytest.approx(4.303 / math.sqrt(3))
+    assert math.isnan(mean_ci([1.0])["ci95"])
+
+
+def test_summarize_groups_by_scheduler_and_workload() -> None:
+    base = summarize_run(RunKey("a", "w", "sim", 0), [finished(0, 0, [0.1, 0.2])], 0.0, Slo())
+    other = dict(base, seed=1, throughput_rps=base["throughput_rps"] * 3)
+    (entry,) = summarize([base, other])
+    assert entry["n_seeds"] == 2
+    assert entry["throughput_rps"]["mean"] == pytest.approx(base["throughput_rps"] * 2)

@@ -1,0 +1,104 @@
+"""Invariants of the loop under every policy: nothing lost, KV within capacity, T_max bound."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.helpers import request, small_profile
+from tokenpace.core.request import FinishReason, RequestStatus
+from tokenpace.engine.profile import EngineProfile
+from tokenpace.engine.sim import SimEngine
+from tokenpace.policy import POLICIES, build_policy
+from tokenpace.policy.twp.config import TwpConfig
+from tokenpace.policy.twp.policy import TwpPolicy
+from tokenpace.runtime.step_loop import StepLoop
+from tokenpace.sim.run import simulate
+from tokenpace.workload.spec import RequestSpec
+
+workloads = st.lists(
+    st.tuples(
+        st.floats(min_value=0.0, max_value=5.0),
+        st.integers(min_value=1, max_value=600),
+        st.integers(min_value=1, max_value=120),
+    ),
+    min_size=1,
+    max_size=60,
+).map(lambda rows: [RequestSpec(a, p, o) for a, p, o in sorted(rows)])
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    specs=workloads,
+    name=st.sampled_from(sorted(POLICIES.names())),
+    blocks=st.sampled_from([48, 80, 400]),
+)
+def test_no_request_lost_and_kv_never_exceeds_capacity(
+    paper_profile: EngineProfile, specs: list[RequestSpec], name: str, blocks: int
+) -> None:
+    # 48 blocks x 16 = 768 tokens: a few long requests fill it and force preemption.
+    profile = small_profile(paper_profile, num_gpu_blocks=blocks, noise_cv=0.02)
+    outcome = simulate(specs, build_policy(name, profile), profile, np.random.default_rng(0))
+    assert len(outcome.requests) == len(specs)
+    for r in outcome.requests:
+        assert r.status is RequestStatus.FINISHED and r.finish_reason is FinishReason.LENGTH
+        assert r.num_output_tokens == r.max_tokens
+        assert r.token_times_s == sorted(r.token_times_s)
+        assert r.token_times_s[0] > r.arrival_s
+    assert all(step.num_used_blocks <= blocks for step in outcome.steps)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(specs=workloads, t_max=st.integers(min_value=1, max_value=30))
+def test_twp_admits_every_request_within_t_max_plus_one_steps(
+    paper_profile: EngineProfile, specs: list[RequestSpec], t_max: int
+) -> None:
+    policy = TwpPolicy(TwpConfig.from_profile(paper_profile, t_max_steps=t_max))
+    outcome = simulate(specs, policy, paper_profile, np.random.default_rng(0))
+    for r in outcome.requests:
+        assert r.admitted_step is not None
+        assert r.num_preemptions == 0  # plenty of KV: the bound is about the gate alone
+        assert r.admitted_step - r.enqueued_step <= t_max + 1
+
+
+def test_preemption_returns_request_to_front_and_recomputes(paper_profile: EngineProfile) -> None:
+    profile = replace(small_profile(paper_profile, num_gpu_blocks=6), b0=8)
+    loop = StepLoop(build_policy("fcfs", profile), SimEngine(profile, np.random.default_rng(0)))
+    first, second = request(0, prompt=31, max_tokens=40), request(1, prompt=31, max_tokens=40)
+    loop.add_request(first, 0.0)
+    loop.add_request(second, 0.0)
+    now = 0.0
+    while loop.has_work:
+        step = loop.begin_step(now)
+        assert step is not None
+        now += step.result.latency_s
+        loop.complete_step(step, now)
+        assert loop.engine.num_free_blocks >= 0
+    assert second.num_preemptions >= 1
+    assert first.num_output_tokens == second.num_output_tokens == 40
+    assert loop.engine.num_free_blocks == loop.engine.num_total_blocks
+
+
+def test_request_larger_than_the_kv_cache_is_refused(paper_profile: EngineProfile) -> None:
+    profile = small_profile(paper_profile, num_gpu_blocks=2)
+    loop = StepLoop(build_policy("twp", profile), SimEngine(profile, np.random.default_rng(0)))
+    with pytest.raises(ValueError, match="exceeds the KV cache capacity of 32 tokens"):
+        loop.add_request(request(0, prompt=30, max_tokens=3), 0.0)
+
+
+def test_abort_frees_blocks_of_running_and_waiting(paper_profile: EngineProfile) -> None:
+    loop = StepLoop(build_policy("fcfs", paper_profile),
+                    SimEngine(paper_profile, np.random.default_rng(0)))  # fmt: skip
+    loop.add_request(request(0, prompt=100, max_tokens=10), 0.0)
+    step = loop.begin_step(0.0)
+    assert step is not None
+    loop.complete_step(step, 0.1)
+    loop.add_request(request(1), 0.1)
+    assert loop.abort(0, 0.2) is not None and loop.abort(1, 0.2) is not None
+    assert loop.abort(7, 0.2) is None
+    assert loop.engine.num_free_blocks == loop.engine.num_total_blocks
+    assert not loop.has_work
