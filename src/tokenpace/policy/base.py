@@ -8,6 +8,7 @@ from typing import Protocol
 from tokenpace.core.registry import Registry
 from tokenpace.core.step import StepPlan, StepState
 from tokenpace.engine.profile import EngineProfile
+from tokenpace.metrics.slo import Slo
 
 
 class Policy(Protocol):
@@ -28,11 +29,13 @@ class Policy(Protocol):
     def telemetry(self) -> Mapping[str, float]: ...
 
 
-PolicyFactory = Callable[[EngineProfile], Policy]
+PolicyFactory = Callable[[EngineProfile, Slo], Policy]
 
 POLICIES: Registry[PolicyFactory] = Registry("scheduler")
 
 
-def build_policy(name: str, profile: EngineProfile) -> Policy:
-    """Instantiate the registered policy ``name`` with its defaults for ``profile``."""
-    return POLICIES.get(name)(profile)
+def build_policy(name: str, profile: EngineProfile, slo: Slo | None = None) -> Policy:
+    """Instantiate the registered policy ``name`` with its defaults for ``profile``.
+
+    ``slo`` (default: ``Slo()``) matters only to SLO-targeted policies."""
+    return POLICIES.get(name)(profile, slo if slo is not None else Slo())

@@ -10,6 +10,7 @@ from tokenpace.core.config import option, require_positive
 from tokenpace.core.request import Request
 from tokenpace.core.step import StepPlan, StepState
 from tokenpace.engine.profile import EngineProfile
+from tokenpace.metrics.slo import Slo
 from tokenpace.policy.base import POLICIES, Policy
 from tokenpace.policy.common import UNCHUNKED, schedule_tokens
 
@@ -64,5 +65,5 @@ class DynamicBatchPolicy:
 
 
 @POLICIES.register("dynamic_batch")
-def _make(profile: EngineProfile) -> Policy:
+def _make(profile: EngineProfile, slo: Slo) -> Policy:
     return DynamicBatchPolicy(DynamicBatchConfig(itl_target_ms=1.5 * profile.l_min_ms))

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 from tokenpace.core.step import StepPlan, StepState
 from tokenpace.engine.profile import EngineProfile
+from tokenpace.metrics.slo import Slo
 from tokenpace.policy.base import POLICIES, Policy
 from tokenpace.policy.common import UNCHUNKED, schedule_tokens
 
@@ -41,5 +42,5 @@ def plan_in_order(state: StepState, positions: range | list[int]) -> StepPlan:
 
 
 @POLICIES.register("fcfs")
-def _make(profile: EngineProfile) -> Policy:
+def _make(profile: EngineProfile, slo: Slo) -> Policy:
     return FcfsPolicy()

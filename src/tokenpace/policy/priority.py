@@ -8,6 +8,7 @@ import numpy as np
 
 from tokenpace.core.step import StepPlan, StepState
 from tokenpace.engine.profile import EngineProfile
+from tokenpace.metrics.slo import Slo
 from tokenpace.policy.base import POLICIES, Policy
 from tokenpace.policy.fcfs import plan_in_order
 
@@ -27,5 +28,5 @@ class ShortestPromptFirstPolicy:
 
 
 @POLICIES.register("priority")
-def _make(profile: EngineProfile) -> Policy:
+def _make(profile: EngineProfile, slo: Slo) -> Policy:
     return ShortestPromptFirstPolicy()

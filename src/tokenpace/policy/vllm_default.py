@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from tokenpace.core.config import option, require_positive
 from tokenpace.core.step import StepPlan, StepState
 from tokenpace.engine.profile import EngineProfile
+from tokenpace.metrics.slo import Slo
 from tokenpace.policy.base import POLICIES, Policy
 
 
@@ -62,5 +63,5 @@ class VllmDefaultPolicy:
 
 
 @POLICIES.register("vllm_default")
-def _make(profile: EngineProfile) -> Policy:
+def _make(profile: EngineProfile, slo: Slo) -> Policy:
     return VllmDefaultPolicy(VllmDefaultConfig())

@@ -9,6 +9,7 @@ import numpy as np
 from tokenpace.core.request import Request
 from tokenpace.core.step import StepPlan, StepState
 from tokenpace.engine.profile import EngineProfile
+from tokenpace.metrics.slo import Slo
 from tokenpace.policy.base import POLICIES, Policy
 from tokenpace.policy.common import schedule_tokens
 from tokenpace.policy.twp.config import TwpConfig
@@ -109,5 +110,5 @@ class TwpPolicy:
 
 
 @POLICIES.register("twp")
-def _make(profile: EngineProfile) -> Policy:
+def _make(profile: EngineProfile, slo: Slo) -> Policy:
     return TwpPolicy(TwpConfig.from_profile(profile))

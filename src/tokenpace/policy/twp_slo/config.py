@@ -1,0 +1,65 @@
+"""Parameters of the SLO-targeted TWP mode; each of its four changes can be switched off."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from tokenpace.core.config import option, require_positive
+from tokenpace.engine.profile import EngineProfile
+from tokenpace.metrics.slo import Slo
+from tokenpace.policy.twp.config import TwpConfig
+
+
+@dataclass(frozen=True, slots=True)
+class TwpSloConfig:
+    """``base`` carries TWP's monitor and KV-guard settings (EMA factor, gain, d_kv rule);
+    the latency terms come from the engine profile, the objectives from the SLO."""
+
+    base: TwpConfig = field(default_factory=TwpConfig, metadata={"help": "TWP monitor/guard."})
+    alpha_ms: float = option(1.0, "Per-request latency slope beyond B0 (ms), from the profile.")
+    prefill_ms_per_token: float = option(0.15, "Prefill cost per token (ms), from the profile.")
+    mixed_prefill_overhead_ms: float = option(3.0, "Cost of mixing prefill into a decode step.")
+    ttft_slo_ms: float = option(2000.0, "TTFT objective (ms).")
+    tpot_slo_ms: float = option(100.0, "TPOT objective (ms).")
+    # 0.8 leaves 20% of the TPOT objective for noise, prefill spikes and model error, so the
+    # p99 of ITL, not only its mean, stays under the objective.
+    itl_target_fraction: float = option(0.8, "ITL target as a fraction of the TPOT objective.")
+    max_window_requests: int = option(512, "Upper clamp of the request window.")
+    # 600 steps is about 48 s at the 80 ms target: long enough that infeasible requests
+    # yield to feasible ones under overload, still a hard bound on every wait.
+    max_wait_steps: int = option(600, "Steps after which a waiting request is force-admitted.")
+    min_prefill_tokens: int = option(64, "Prefill budget floor per step (and fixed C when off).")
+    max_prefill_tokens: int = option(2048, "Prefill budget ceiling per step (tokens).")
+    use_itl_target: bool = option(True, "Slowdown against the ITL target instead of l_min.")
+    use_deadline_ranking: bool = option(True, "Rank feasible-TTFT requests first (EDF).")
+    use_prefill_budget: bool = option(True, "Prefill tokens from ITL headroom, not fixed C.")
+    use_profile_window: bool = option(True, "Size the window from the profile (Eq. 2).")
+
+    def __post_init__(self) -> None:
+        require_positive(
+            self, "ttft_slo_ms", "tpot_slo_ms", "itl_target_fraction", "max_window_requests",
+            "max_wait_steps", "min_prefill_tokens", "max_prefill_tokens",
+        )  # fmt: skip
+        if self.itl_target_fraction > 1:
+            raise ValueError(f"itl_target_fraction must be <= 1, got {self.itl_target_fraction}")
+        if self.min_prefill_tokens > self.max_prefill_tokens:
+            raise ValueError("min_prefill_tokens exceeds max_prefill_tokens")
+
+    @property
+    def itl_target_ms(self) -> float:
+        return self.itl_target_fraction * self.tpot_slo_ms
+
+    @classmethod
+    def from_profile(cls, profile: EngineProfile, slo: Slo, **overrides: Any) -> TwpSloConfig:
+        return replace(
+            cls(
+                base=TwpConfig.from_profile(profile),
+                alpha_ms=profile.alpha_ms,
+                prefill_ms_per_token=profile.prefill_ms_per_token,
+                mixed_prefill_overhead_ms=profile.mixed_prefill_overhead_ms,
+                ttft_slo_ms=slo.ttft_ms if slo.ttft_ms is not None else 1e12,
+                tpot_slo_ms=slo.tpot_ms if slo.tpot_ms is not None else 1e12,
+            ),
+            **overrides,
+        )

@@ -1,0 +1,193 @@
+"""The SLO-targeted TWP policy and its ablations."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from tokenpace.core.request import Request
+from tokenpace.core.step import StepPlan, StepState
+from tokenpace.engine.latency_model import LatencyModel
+from tokenpace.engine.profile import EngineProfile
+from tokenpace.metrics.slo import Slo
+from tokenpace.policy.base import POLICIES, Policy
+from tokenpace.policy.twp.kv_guard import KvHeadroomGuard
+from tokenpace.policy.twp.ranking import rank
+from tokenpace.policy.twp_slo.config import TwpSloConfig
+from tokenpace.policy.twp_slo.deadline import deadline_keys
+from tokenpace.policy.twp_slo.window import RequestWindow
+
+_SCAN_LIMIT = 256
+
+
+class TwpSloPolicy:
+    """TWP aimed at latency objectives instead of the smoothest stream.
+
+    Per step: (1) monitor ITL and KV consumption; (2) move the request window toward the
+    batch at which ITL meets the target (``window.py``); (3) rank waiting requests by TTFT
+    feasibility (``deadline.py``); (4) force-admit requests that waited ``max_wait_steps``,
+    then admit in rank order while the batch is below the window, the KV guard passes and
+    prefill budget remains, closing at the first failure; (5) spend the step's prefill budget
+    (ITL headroom below the target over the per-token prefill cost, within [min, max]) on
+    prefilling requests in admission order; (6) one token per decoding request.
+    """
+
+    def __init__(self, config: TwpSloConfig, profile: EngineProfile, name: str = "twp_slo") -> None:
+        self.name = name
+        self.config = config
+        self.window = RequestWindow(config)
+        self.kv_guard = KvHeadroomGuard(config.base)
+        self._latency = LatencyModel(profile)
+        self._budget = float(config.min_prefill_tokens)
+        self._num_forced = 0
+
+    def prefill_budget(self, num_decoding: int) -> int:
+        """Tokens of prefill this step may carry without pushing ITL over the target."""
+        cfg = self.config
+        if not cfg.use_prefill_budget:
+            return cfg.min_prefill_tokens
+        headroom = (
+            self.window.reference_ms
+            - self._latency.decode_ms(num_decoding)
+            - cfg.mixed_prefill_overhead_ms
+        )
+        tokens = headroom / cfg.prefill_ms_per_token if cfg.prefill_ms_per_token > 0 else 1e9
+        return int(min(cfg.max_prefill_tokens, max(cfg.min_prefill_tokens, tokens)))
+
+    def plan(self, state: StepState) -> StepPlan:
+        cfg = self.config
+        self.kv_guard.update(state.num_total_blocks - state.num_free_blocks, state.num_total_blocks)
+        self.window.update(state.last_step_latency_s)
+        capacity = self.window.capacity()
+
+        prefilling = [r for r in state.running if r.num_output_tokens == 0 or r.is_prefilling]
+        num_decoding = len(state.running) - len(prefilling)
+        budget = self.prefill_budget(num_decoding)
+        self._budget = float(budget)
+        scheduled: dict[int, int] = {
+            r.request_id: 1
+            for r in state.running
+            if not (r.num_output_tokens == 0 or r.is_prefilling)
+        }
+        budget_left = self._spend(prefilling, budget, scheduled)
+
+        admitted: list[Request] = []
+        forced: list[int] = []
+        free = state.num_free_blocks
+        if len(state.waiting):
+            steps_waited = state.step_index - state.waiting.enqueued_step
+            forced_positions = np.flatnonzero(steps_waited >= cfg.max_wait_steps)
+            for request in state.waiting.request_at(forced_positions):
+                need = state.blocks_for(request.num_tokens)
+                if need > free:
+                    break
+                free -= need
+                admitted.append(request)
+                forced.append(request.request_id)
+                scheduled[request.request_id] = min(
+                    request.num_tokens,
+                    max(1, budget_left) if cfg.use_prefill_budget else cfg.min_prefill_tokens,
+                )
+                budget_left = max(0, budget_left - scheduled[request.request_id])
+            keys = self._keys(state, budget)
+            keys[forced_positions] = -np.inf
+            num_candidates = len(state.waiting) - len(forced_positions)
+            for request in self._ranked(state, keys, num_candidates):
+                footprint = state.blocks_for(request.num_prompt_tokens + request.max_tokens)
+                has_room = len(state.running) + len(admitted) < capacity
+                has_budget = budget_left > 0 or not cfg.use_prefill_budget
+                if not (has_room and has_budget and self.kv_guard.admits(free, footprint)):
+                    break
+                free -= state.blocks_for(request.num_tokens)
+                admitted.append(request)
+                tokens = min(
+                    request.num_tokens,
+                    budget_left if cfg.use_prefill_budget else cfg.min_prefill_tokens,
+                )
+                scheduled[request.request_id] = tokens
+                budget_left -= tokens
+        self._num_forced = len(forced)
+        return StepPlan(
+            admit_ids=tuple(r.request_id for r in admitted),
+            num_scheduled_tokens=scheduled,
+            forced_ids=frozenset(forced),
+        )
+
+    def _spend(self, prefilling: list[Request], budget: int, scheduled: dict[int, int]) -> int:
+        """Give running prefills their tokens in admission order; returns the budget left.
+        With the budget off each gets a fixed chunk, as in TWP."""
+        cfg = self.config
+        if not cfg.use_prefill_budget:
+            for r in prefilling:
+                scheduled[r.request_id] = min(r.num_uncomputed_tokens, cfg.min_prefill_tokens)
+            return budget
+        left = budget
+        for r in prefilling:
+            if left <= 0:
+                break
+            tokens = min(r.num_uncomputed_tokens, left)
+            scheduled[r.request_id] = tokens
+            left -= tokens
+        return left
+
+    def _keys(self, state: StepState, budget: int) -> npt.NDArray[np.float64]:
+        cfg = self.config
+        if cfg.use_deadline_ranking:
+            per_step = budget if cfg.use_prefill_budget else cfg.min_prefill_tokens
+            return deadline_keys(
+                state.waiting, state.now_s, cfg.ttft_slo_ms / 1000, cfg.itl_target_ms / 1000,
+                per_step,
+            )  # fmt: skip
+        running = state.running
+        mean_remaining = (
+            sum(r.max_tokens - len(r.token_times_s) for r in running) / len(running)
+            if running
+            else 0.0
+        )
+        return rank(state.waiting, state.now_s, state.step_index, mean_remaining, cfg.base).scores
+
+    @staticmethod
+    def _ranked(state: StepState, keys: npt.NDArray[np.float64], count: int) -> Iterator[Request]:
+        remaining = keys.copy()
+        for _ in range(min(count, _SCAN_LIMIT)):
+            best = int(np.argmax(remaining))
+            remaining[best] = -np.inf
+            yield state.waiting[best]
+        if count > _SCAN_LIMIT:
+            order = np.argsort(-keys, kind="stable")[_SCAN_LIMIT:count]
+            yield from state.waiting.request_at(order)
+
+    def telemetry(self) -> Mapping[str, float]:
+        return {
+            "request_window": self.window.window,
+            "target_window": self.window.target,
+            "smoothed_itl_ms": self.window.smoothed_itl_ms or 0.0,
+            "slowdown": self.window.slowdown,
+            "prefill_budget": self._budget,
+            "kv_threshold_blocks": self.kv_guard.threshold_blocks,
+            "num_forced": float(self._num_forced),
+        }
+
+
+ABLATIONS: dict[str, dict[str, Any]] = {
+    "twp_slo": {},
+    "twp_slo-no_itl_target": {"use_itl_target": False},
+    "twp_slo-no_deadline": {"use_deadline_ranking": False},
+    "twp_slo-no_prefill_budget": {"use_prefill_budget": False},
+    "twp_slo-no_profile_window": {"use_profile_window": False},
+}
+
+
+def _register(name: str, switches: dict[str, Any]) -> None:
+    @POLICIES.register(name)
+    def _make(profile: EngineProfile, slo: Slo) -> Policy:
+        config = replace(TwpSloConfig.from_profile(profile, slo), **switches)
+        return TwpSloPolicy(config, profile, name)
+
+
+for _name, _switches in ABLATIONS.items():
+    _register(_name, _switches)

@@ -1,0 +1,59 @@
+"""A window in requests that seeks the ITL target.
+
+Eq. 2 makes step latency a function of the batch size, so the window counts requests: the
+batch at which the profile predicts the ITL target is B* = B0 + (target - l_min - reserve) /
+alpha, the reserve being one minimum prefill chunk plus the mixing cost. Feedback: s = l^ /
+l_ref and W* = W_base / max(0.5, s), W <- W + g (W* - W), clamped to [B0, max]. W_base is B*
+(profile sizing) or the current window (measured sizing: integral action until the measured ITL
+sits at l_ref). l_ref is the ITL target, or l_min when that change is off.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tokenpace.policy.twp_slo.config import TwpSloConfig
+
+
+def profile_batch_target(cfg: TwpSloConfig) -> float:
+    """B* from the profile; B0 when alpha is zero-free headroom is negative."""
+    base = cfg.base
+    reserve = cfg.mixed_prefill_overhead_ms + cfg.min_prefill_tokens * cfg.prefill_ms_per_token
+    headroom = cfg.itl_target_ms - base.l_min_ms - reserve
+    if cfg.alpha_ms <= 0:
+        return float(cfg.max_window_requests)
+    return float(min(cfg.max_window_requests, base.b0 + max(0.0, headroom) / cfg.alpha_ms))
+
+
+class RequestWindow:
+    """Holds the smoothed ITL and the window W_t (requests)."""
+
+    def __init__(self, cfg: TwpSloConfig) -> None:
+        self.cfg = cfg
+        self.reference_ms = cfg.itl_target_ms if cfg.use_itl_target else cfg.base.l_min_ms
+        self.nominal = profile_batch_target(cfg) if cfg.use_profile_window else float(cfg.base.b0)
+        self.window = self.nominal
+        self.target = self.nominal
+        self.smoothed_itl_ms: float | None = None
+
+    @property
+    def slowdown(self) -> float:
+        itl = self.smoothed_itl_ms if self.smoothed_itl_ms is not None else self.reference_ms
+        return itl / self.reference_ms
+
+    def update(self, step_latency_s: float | None) -> float:
+        cfg = self.cfg
+        if step_latency_s is not None:
+            latency_ms = step_latency_s * 1000
+            if self.smoothed_itl_ms is None:
+                self.smoothed_itl_ms = latency_ms
+            else:
+                self.smoothed_itl_ms += cfg.base.ema_factor * (latency_ms - self.smoothed_itl_ms)
+        base = self.nominal if cfg.use_profile_window else self.window
+        self.target = base / max(0.5, self.slowdown)
+        moved = self.window + cfg.base.gain * (self.target - self.window)
+        self.window = min(float(cfg.max_window_requests), max(float(cfg.base.b0), moved))
+        return self.window
+
+    def capacity(self) -> int:
+        return max(self.cfg.base.b0, math.floor(self.window))
