@@ -66,7 +66,8 @@ class MatrixConfig:
 def _run_cell(config: MatrixConfig, cell: CellSpec) -> CellResult:
     specs = cell.workload.generate(np.random.default_rng([cell.seed, 0]), config.prompts)
     runner = RUNNERS.get(config.runner)
-    output = runner(cell.scheduler, specs, config.profile, np.random.default_rng([cell.seed, 1]))
+    engine_rng = np.random.default_rng([cell.seed, 1])
+    output = runner(cell.scheduler, specs, config.profile, engine_rng, config.slo)
     key = RunKey(cell.scheduler, cell.workload.name, config.engine, cell.seed)
     run = summarize_run(key, output.requests, start_s=0.0, slo=config.slo)
     run.update({name: float(value) for name, value in sorted(output.counters.items())})

@@ -43,6 +43,9 @@ class TwpSloPolicy:
         self.kv_guard = KvHeadroomGuard(config.base)
         self._latency = LatencyModel(profile)
         self._budget = float(config.min_prefill_tokens)
+        # EMA of measured / predicted step latency (1 = the profile is exact).
+        self._calibration = 1.0
+        self._predicted_ms: float | None = None
         self._num_forced = 0
 
     def prefill_budget(self, num_decoding: int) -> int:
@@ -50,18 +53,20 @@ class TwpSloPolicy:
         cfg = self.config
         if not cfg.use_prefill_budget:
             return cfg.min_prefill_tokens
-        headroom = (
-            self.window.reference_ms
-            - self._latency.decode_ms(num_decoding)
-            - cfg.mixed_prefill_overhead_ms
-        )
-        tokens = headroom / cfg.prefill_ms_per_token if cfg.prefill_ms_per_token > 0 else 1e9
+        # Costs scaled by the measured/predicted latency ratio, so the budget shrinks when the
+        # engine runs slower than its profile says and grows when it runs faster.
+        scale = self._calibration
+        decode_ms = scale * self._latency.decode_ms(num_decoding)
+        headroom = self.window.reference_ms - decode_ms - scale * cfg.mixed_prefill_overhead_ms
+        per_token = scale * cfg.prefill_ms_per_token
+        tokens = headroom / per_token if per_token > 0 else float(cfg.max_prefill_tokens)
         return int(min(cfg.max_prefill_tokens, max(cfg.min_prefill_tokens, tokens)))
 
     def plan(self, state: StepState) -> StepPlan:
         cfg = self.config
         self.kv_guard.update(state.num_total_blocks - state.num_free_blocks, state.num_total_blocks)
         self.window.update(state.last_step_latency_s)
+        self._calibrate(state.last_step_latency_s)
         capacity = self.window.capacity()
 
         prefilling = [r for r in state.running if r.num_output_tokens == 0 or r.is_prefilling]
@@ -111,11 +116,28 @@ class TwpSloPolicy:
                 scheduled[request.request_id] = tokens
                 budget_left -= tokens
         self._num_forced = len(forced)
+        self._predicted_ms = self._predict_ms(state, scheduled)
         return StepPlan(
             admit_ids=tuple(r.request_id for r in admitted),
             num_scheduled_tokens=scheduled,
             forced_ids=frozenset(forced),
         )
+
+    def _calibrate(self, step_latency_s: float | None) -> None:
+        if step_latency_s is None or not self._predicted_ms:
+            return
+        ratio = step_latency_s * 1000 / self._predicted_ms
+        self._calibration += self.config.base.ema_factor * (ratio - self._calibration)
+
+    def _predict_ms(self, state: StepState, scheduled: Mapping[int, int]) -> float:
+        """Profile latency of the planned step (decode batch plus prefill tokens)."""
+        cfg = self.config
+        num_decode = sum(1 for r in state.running if scheduled.get(r.request_id) == 1)
+        num_prefill = sum(scheduled.values()) - num_decode
+        ms = self._latency.decode_ms(num_decode) + num_prefill * cfg.prefill_ms_per_token
+        if num_prefill and num_decode:
+            ms += cfg.mixed_prefill_overhead_ms
+        return ms
 
     def _spend(self, prefilling: list[Request], budget: int, scheduled: dict[int, int]) -> int:
         """Give running prefills their tokens in admission order; returns the budget left.
@@ -168,6 +190,7 @@ class TwpSloPolicy:
             "smoothed_itl_ms": self.window.smoothed_itl_ms or 0.0,
             "slowdown": self.window.slowdown,
             "prefill_budget": self._budget,
+            "latency_calibration": self._calibration,
             "kv_threshold_blocks": self.kv_guard.threshold_blocks,
             "num_forced": float(self._num_forced),
         }

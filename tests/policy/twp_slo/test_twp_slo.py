@@ -1,0 +1,105 @@
+"""twp_slo, worked by hand on the v100-llama-3.2-3b profile (l_min 43, B0 8, alpha 1,
+prefill 0.15 ms/token, mixing 3 ms) with TPOT SLO 100 ms -> ITL target 80 ms."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.helpers import request, running, state
+from tokenpace.engine.profile import EngineProfile
+from tokenpace.metrics.slo import Slo
+from tokenpace.policy.twp_slo.config import TwpSloConfig
+from tokenpace.policy.twp_slo.deadline import deadline_keys
+from tokenpace.policy.twp_slo.policy import TwpSloPolicy
+from tokenpace.policy.twp_slo.window import RequestWindow, profile_batch_target
+from tokenpace.sim.run import simulate
+from tokenpace.workload.spec import RequestSpec
+
+
+def config(profile: EngineProfile, **overrides: object) -> TwpSloConfig:
+    return TwpSloConfig.from_profile(profile, Slo(2000, 100), **overrides)
+
+
+def test_profile_batch_target(paper_profile: EngineProfile) -> None:
+    # reserve = 3 + 64 * 0.15 = 12.6; headroom = 80 - 43 - 12.6 = 24.4 -> B* = 32.4
+    assert profile_batch_target(config(paper_profile)) == pytest.approx(32.4)
+
+
+def test_window_shrinks_after_a_step_up_in_itl(paper_profile: EngineProfile) -> None:
+    window = RequestWindow(config(paper_profile))
+    assert window.update(0.080) == pytest.approx(32.4)  # at target: s = 1
+    # 160 ms: smoothed 80 + 0.2 * 80 = 96, s = 1.2, W* = 27, W = 32.4 - 0.15 * 5.4 = 31.59
+    assert window.update(0.160) == pytest.approx(31.59)
+    assert window.target == pytest.approx(27.0)
+
+
+def test_measured_window_grows_below_target_and_never_below_b0(
+    paper_profile: EngineProfile,
+) -> None:
+    window = RequestWindow(config(paper_profile, use_profile_window=False))
+    assert window.window == 8.0
+    # 40 ms: s = 0.5 -> W* = 16, W = 8 + 0.15 * 8 = 9.2
+    assert window.update(0.040) == pytest.approx(9.2)
+    for _ in range(50):
+        window.update(0.400)
+    assert window.window == 8.0  # clamped at B0
+
+
+def test_prefill_budget_uses_headroom_and_responds_to_itl(paper_profile: EngineProfile) -> None:
+    policy = TwpSloPolicy(config(paper_profile), paper_profile)
+    decoding = [running(100 + i, 10, 500, 1) for i in range(20)]
+    # decode(20) = 55 ms; headroom 80 - 55 - 3 = 22 ms -> 146 tokens
+    assert policy.prefill_budget(20) == 146
+    assert policy.prefill_budget(40) == 64  # 75 ms decode: floor C
+    policy.plan(state([], decoding))  # predicts 55 ms for this step
+    # Measured 68.75 ms = 1.25 x predicted: calibration 1 + 0.2 * 0.25 = 1.05
+    # headroom 80 - 57.75 - 3.15 = 19.1 ms over 0.1575 ms/token -> 121 tokens
+    policy.plan(state([], decoding, latency_s=0.06875))
+    assert policy.telemetry()["latency_calibration"] == pytest.approx(1.05)
+    assert policy.prefill_budget(20) == 121
+
+
+def test_budget_is_shared_by_prefills_and_closes_admission(paper_profile: EngineProfile) -> None:
+    policy = TwpSloPolicy(config(paper_profile), paper_profile)
+    waiting = [request(0, prompt=100), request(1, prompt=100), request(2, prompt=30)]
+    plan = policy.plan(state(waiting, [running(100 + i, 10, 500, 1) for i in range(20)]))
+    # Budget 146: request 0 takes 100, request 1 the last 46; request 2 finds none left.
+    assert plan.admit_ids == (0, 1)
+    assert plan.num_scheduled_tokens[0] == 100 and plan.num_scheduled_tokens[1] == 46
+
+
+def test_deadline_ranking_puts_feasible_first_least_slack_first(
+    paper_profile: EngineProfile,
+) -> None:
+    late = request(0, prompt=64, arrival_s=0.0)  # waited 3 s: infeasible for a 2 s TTFT
+    tight = request(1, prompt=64, arrival_s=1.5)  # slack 2 - 1.5 - 0.08 = 0.42 s
+    loose = request(2, prompt=64, arrival_s=2.9)  # slack 1.82 s
+    keys = deadline_keys(state([late, tight, loose]).waiting, 3.0, 2.0, 0.08, 64)
+    assert np.argsort(-keys, kind="stable").tolist() == [1, 2, 0]
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    rows=st.lists(
+        st.tuples(st.floats(0, 3), st.integers(1, 800), st.integers(1, 200)),
+        min_size=1,
+        max_size=80,
+    ),
+    max_wait=st.integers(1, 20),
+)
+def test_every_request_admitted_within_max_wait(
+    paper_profile: EngineProfile, rows: list[tuple[float, int, int]], max_wait: int
+) -> None:
+    specs = [RequestSpec(a, p, o) for a, p, o in sorted(rows)]
+    cfg = replace(config(paper_profile), max_wait_steps=max_wait)
+    outcome = simulate(
+        specs, TwpSloPolicy(cfg, paper_profile), paper_profile, np.random.default_rng(0)
+    )
+    for r in outcome.requests:
+        assert r.num_output_tokens == r.max_tokens
+        assert r.admitted_step is not None and r.admitted_step - r.enqueued_step <= max_wait + 1
