@@ -2,8 +2,9 @@
 
 While loading, requests routed here queue in its step loop and wait; their wait counts as
 ``cold_start_s``. A warm container steps back to back while it has work; once it has none
-it arms its keep-alive timer and goes cold when the timer expires (unless the pool's floor
-on instances forbids it). Going cold releases the GPU: the checkpoint stays in host memory.
+it arms its keep-alive timer and goes cold when the timer expires, unless the pool's floor
+on instances forbids it (then it stays warm until it next runs out of work). Going cold
+releases the GPU: the checkpoint stays in host memory.
 """
 
 from __future__ import annotations
@@ -195,7 +196,8 @@ class Container:
         if not self.is_idle:
             return
         if not self._listener.may_retire(self):
-            self._keep_alive.arm(now_s)
+            # Held warm by the floor on instances; the timer re-arms the next time the
+            # container runs out of work (re-arming now would tick forever in an idle pool).
             return
         self.state = ContainerState.COLD
         self.store.record_unload(self.profile.name, self.profile.checkpoint_bytes)

@@ -92,6 +92,81 @@ class PoolOutcome:
         return len(self.migrations)
 
 
+class PoolSimulation:
+    """A pool on its own event kernel, ready to take arrivals; ``simulate_pool`` drives one
+    to completion, tests drive it step by step through ``kernel`` and ``pool``.
+
+    Builds ``pool_config.num_containers`` containers, each with its own policy instance and
+    SimEngine (its own random stream spawned from ``rng``); the first
+    ``pool_config.initial_warm`` start warm at time 0.
+    """
+
+    def __init__(
+        self,
+        scheduler_name: str,
+        profile: EngineProfile,
+        pool_config: PoolConfig,
+        rng: np.random.Generator,
+        router: str | None = None,
+    ) -> None:
+        self.setup = resolve_scheduler(scheduler_name, router)
+        self.kernel = EventKernel()
+        self.pool = Pool(
+            build_router(self.setup.router),
+            Autoscaler(
+                pool_config.target_per_instance,
+                pool_config.min_instances,
+                pool_config.instance_ceiling,
+            ),
+            pool_config.migration_batch_threshold,
+            pool_config.migration_overhead_s,
+        )
+        self.containers = build_containers(
+            self.kernel, self.pool, self.setup.policy, profile, pool_config, rng
+        )
+        self.pool.attach(self.containers)
+        for container in self.containers[: pool_config.initial_warm]:
+            container.start_warm(0.0)
+        self.requests: list[Request] = []
+
+    def add_arrivals(self, specs: Sequence[RequestSpec]) -> list[Request]:
+        """Schedule the arrivals of ``specs`` (ids continue from earlier calls)."""
+        first_id = len(self.requests)
+        requests = to_requests(specs)
+        for request in requests:
+            request.request_id += first_id
+            self.kernel.schedule(
+                request.arrival_s, PRIORITY_ARRIVAL, partial(self.pool.submit, request)
+            )
+        self.requests.extend(requests)
+        return requests
+
+    def run(self, until_s: float = float("inf")) -> None:
+        self.kernel.run(until_s)
+
+    def outcome(self) -> PoolOutcome:
+        """The outcome so far. Raises RuntimeError if a request has not finished."""
+        unfinished = [r.request_id for r in self.requests if not r.is_done]
+        if unfinished:
+            raise RuntimeError(
+                f"{self.setup.scheduler}: {len(unfinished)} requests never finished "
+                f"(first: {unfinished[0]})"
+            )
+        migrator = self.pool.migrator
+        cold_starts = [s for c in self.containers for s in c.cold_starts]
+        cold_starts.sort(key=lambda s: (s.start_s, s.container_id))
+        return PoolOutcome(
+            setup=self.setup,
+            requests=self.requests,
+            steps=tuple(c.loop.steps for c in self.containers),
+            cold_starts=cold_starts,
+            migrations=list(migrator.records) if migrator else [],
+            num_cancelled_migrations=migrator.num_cancelled if migrator else 0,
+            end_s=max((r.finished_s or 0.0 for r in self.requests), default=0.0),
+            num_events=self.kernel.num_events_handled,
+        )
+
+
 def simulate_pool(
     specs: Sequence[RequestSpec],
     scheduler_name: str,
@@ -100,50 +175,13 @@ def simulate_pool(
     rng: np.random.Generator,
     router: str | None = None,
 ) -> PoolOutcome:
-    """Replay ``specs`` through a pool of ``pool_config.num_containers`` simulated
-    containers, each with its own policy instance and SimEngine (its own random stream
-    spawned from ``rng``). Returns once every request has finished; the same ``rng`` state
-    and inputs give the same outcome. Raises RuntimeError if a request never finishes."""
-    setup = resolve_scheduler(scheduler_name, router)
-    kernel = EventKernel()
-    pool = Pool(
-        build_router(setup.router),
-        Autoscaler(
-            pool_config.target_per_instance,
-            pool_config.min_instances,
-            pool_config.instance_ceiling,
-        ),
-        pool_config.migration_batch_threshold,
-        pool_config.migration_overhead_s,
-    )
-    containers = build_containers(kernel, pool, setup.policy, profile, pool_config, rng)
-    pool.attach(containers)
-    for container in containers[: pool_config.initial_warm]:
-        container.start_warm(0.0)
-    requests = to_requests(specs)
-    for request in requests:
-        kernel.schedule(request.arrival_s, PRIORITY_ARRIVAL, partial(pool.submit, request))
-    kernel.run()
-    unfinished = [r.request_id for r in requests if not r.is_done]
-    if unfinished:
-        raise RuntimeError(
-            f"{setup.scheduler}: {len(unfinished)} requests never finished (first: {unfinished[0]})"
-        )
-    end_s = max((r.finished_s or 0.0 for r in requests), default=0.0)
-    migrator = pool.migrator
-    return PoolOutcome(
-        setup=setup,
-        requests=requests,
-        steps=tuple(c.loop.steps for c in containers),
-        cold_starts=sorted(
-            (s for c in containers for s in c.cold_starts),
-            key=lambda s: (s.start_s, s.container_id),
-        ),
-        migrations=list(migrator.records) if migrator else [],
-        num_cancelled_migrations=migrator.num_cancelled if migrator else 0,
-        end_s=end_s,
-        num_events=kernel.num_events_handled,
-    )
+    """Replay ``specs`` through the pool (see ``PoolSimulation``) until every request has
+    finished. The same ``rng`` state and inputs give the same outcome. Raises RuntimeError
+    if a request never finishes and ValueError for an unknown scheduler or router."""
+    simulation = PoolSimulation(scheduler_name, profile, pool_config, rng, router)
+    simulation.add_arrivals(specs)
+    simulation.run()
+    return simulation.outcome()
 
 
 def build_containers(
