@@ -1,0 +1,83 @@
+"""The scheduler's own per-step record: what the policy chose and what vLLM admitted."""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TextIO
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerStepRecord:
+    """One ``schedule()`` call. Ids are the mirror's integer request ids.
+
+    ``planned_ids``: the policy's admissions in its order; ``liveness_ids``: the head of the
+    queue admitted because the policy admitted nothing while nothing ran (see the scheduler);
+    ``admitted_ids``: the ones vLLM actually started this step, a subsequence of planned +
+    liveness in the same order (vLLM may stop early on its token budget, ``max_num_seqs`` or
+    KV blocks). Token loads count remaining output tokens (max_tokens - produced):
+    ``token_load_before`` over the running batch, ``token_load_after`` with the admitted
+    requests added, ``forced_load`` the part contributed by force-admitted ones.
+    ``token_window`` is the policy's window when it has one (TWP), else None.
+    """
+
+    step_index: int
+    start_s: float
+    last_step_latency_s: float | None
+    num_running: int
+    num_waiting: int
+    num_free_blocks: int
+    num_total_blocks: int
+    planned_ids: tuple[int, ...]
+    liveness_ids: tuple[int, ...]
+    admitted_ids: tuple[int, ...]
+    forced_ids: tuple[int, ...]
+    token_window: float | None
+    token_load_before: float
+    token_load_after: float
+    forced_load: float
+    num_scheduled_tokens: int
+    num_preempted: int
+    telemetry: Mapping[str, float]
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+
+class StepLog:
+    """The last ``max_records`` step records in memory, optionally appended to a JSON-lines
+    file as well (one object per line, flushed per record)."""
+
+    def __init__(self, max_records: int, path: Path | None = None) -> None:
+        self._records: deque[SchedulerStepRecord] = deque(maxlen=max_records)
+        self._path = path
+        self._sink: TextIO | None = None
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def __iter__(self) -> Iterator[SchedulerStepRecord]:
+        return iter(tuple(self._records))
+
+    def records(self) -> list[SchedulerStepRecord]:
+        return list(self._records)
+
+    def append(self, record: SchedulerStepRecord) -> None:
+        self._records.append(record)
+        if self._path is not None:
+            if self._sink is None:
+                self._path.parent.mkdir(parents=True, exist_ok=True)
+                self._sink = self._path.open("a", encoding="utf-8")
+            self._sink.write(record.to_json() + "\n")
+            self._sink.flush()
+
+    def clear(self) -> None:
+        self._records.clear()
+
+    def close(self) -> None:
+        if self._sink is not None:
+            self._sink.close()
+            self._sink = None
