@@ -11,9 +11,12 @@ push batches past B0, where ITL grows by alpha per request (paper Eq. 2).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from tokenpace.engine.latency_model import LatencyModel, PrefillChunk
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.workload.lengths import LengthMixture
+from tokenpace.workload.spec import RequestSpec
 
 
 def mean_prefill_s(profile: EngineProfile, prompt_lengths: LengthMixture) -> float:
@@ -47,3 +50,19 @@ def pool_capacity_rps(
         raise ValueError(f"num_containers must be positive, got {num_containers}")
     per_request = container_seconds_per_request(profile, prompt_lengths, output_lengths)
     return num_containers / per_request
+
+
+def pool_capacity_rps_for_specs(
+    profile: EngineProfile, specs: Sequence[RequestSpec], num_containers: int
+) -> float:
+    """The same definition with the expectations taken over ``specs`` (e.g. a trace)."""
+    if num_containers <= 0:
+        raise ValueError(f"num_containers must be positive, got {num_containers}")
+    if not specs:
+        raise ValueError("capacity needs at least one request")
+    model = LatencyModel(profile)
+    decode_ms = sum(s.max_tokens for s in specs) * profile.l_min_ms / profile.b0
+    prefill_ms = sum(model.prefill_ms(PrefillChunk(s.num_prompt_tokens, 0)) for s in specs)
+    overhead_ms = len(specs) * profile.mixed_prefill_overhead_ms
+    per_request_s = (decode_ms + prefill_ms + overhead_ms) / 1000 / len(specs)
+    return num_containers / per_request_s

@@ -12,7 +12,7 @@ from tokenpace.pool.checkpoint import TIER_ORDER
 class PoolConfig:
     """Every knob of the simulated serverless pool (one container per GPU server)."""
 
-    num_containers: int = option(2, "Containers (one per GPU server) in the pool.")
+    num_containers: int = option(4, "Containers (one per GPU server) in the pool.")
     initial_warm: int = option(
         2, "Containers warm at time 0 (ids 0..initial_warm-1); the rest start cold."
     )

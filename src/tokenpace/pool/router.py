@@ -72,8 +72,9 @@ class LeastLoadedRouter:
 class ServerlessLlmRouter:
     """ServerlessLLM's locality-aware startup scheduling: estimated time to serve on each
     container = startup (0 warm; remaining load; or load from the fastest tier holding the
-    checkpoint on that server: host memory, SSD, remote) + its queued work; the minimum
-    wins (ties: warm first, then lowest id). Live migration runs behind it."""
+    checkpoint on that server: host memory, SSD, remote) + its estimated queue wait; the
+    minimum wins (ties: fewest outstanding tokens, warm first, lowest id). Live migration
+    runs behind it."""
 
     name = "serverlessllm"
     migrates = True
@@ -83,6 +84,7 @@ class ServerlessLlmRouter:
             views,
             key=lambda v: (
                 v.startup_s + v.queue_wait_s,
+                v.outstanding_tokens,
                 _STATE_RANK[v.state],
                 v.container_id,
             ),

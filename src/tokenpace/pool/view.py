@@ -34,12 +34,16 @@ class ContainerView:
 
 
 def estimate_queue_wait_s(
-    profile: EngineProfile, num_prefill_tokens: int, num_decode_tokens: int
+    profile: EngineProfile, num_prefill_tokens: int, num_decode_tokens: int, num_requests: int
 ) -> float:
-    """Seconds of work queued on one container, at its efficient operating point: prefill
-    tokens at the profile's per-token prefill cost, decode tokens at B0 per step of l_min."""
+    """Seconds a new request would wait on one container before it is served: the queued
+    prefill tokens at the profile's per-token prefill cost, plus, once more than B0
+    requests are outstanding, the share of their decode work beyond the B0 slots a
+    container serves at full speed (decode tokens at B0 per step of l_min)."""
     ms = num_prefill_tokens * profile.prefill_ms_per_token
-    ms += num_decode_tokens * profile.l_min_ms / profile.b0
+    if num_requests > profile.b0:
+        excess = (num_requests - profile.b0) / num_requests
+        ms += excess * num_decode_tokens * profile.l_min_ms / profile.b0
     return ms / 1000.0
 
 
@@ -59,6 +63,8 @@ def view_of(container: Container, now_s: float) -> ContainerView:
         num_running=len(loop.running),
         outstanding_tokens=prefill + decode,
         startup_s=container.startup_s(now_s),
-        queue_wait_s=estimate_queue_wait_s(container.profile, prefill, decode),
+        queue_wait_s=estimate_queue_wait_s(
+            container.profile, prefill, decode, len(loop.waiting) + len(loop.running)
+        ),
         checkpoint_tier=tier,
     )
