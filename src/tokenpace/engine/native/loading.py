@@ -100,8 +100,9 @@ def _transformers() -> Any:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     import transformers
 
-    transformers.utils.logging.disable_progress_bar()
-    return transformers
+    module: Any = transformers
+    module.utils.logging.disable_progress_bar()
+    return module
 
 
 def load_gguf(gguf_path: Path, dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:

@@ -1,0 +1,137 @@
+"""The native engine on the embedded SmolLM2: exactness, KV bookkeeping, stops, sampling."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import pytest
+
+from tokenpace.core.request import FinishReason, Request
+from tokenpace.engine.native import NativeEngine
+from tokenpace.engine.profile import load_profile
+from tokenpace.policy import build_policy
+from tokenpace.policy.base import Policy
+from tokenpace.policy.vllm_default import VllmDefaultConfig, VllmDefaultPolicy
+from tokenpace.runtime.step_loop import StepLoop
+
+from .conftest import make_request
+
+pytestmark = [pytest.mark.native, pytest.mark.slow]
+
+EngineFactory = Callable[..., NativeEngine]
+
+
+def run(
+    loop: StepLoop, requests: Sequence[Request], abort_at: dict[int, int] | None = None
+) -> None:
+    """Queue every request at once and step until all are done; ``abort_at`` maps a step
+    index to a request id aborted before that step."""
+    for request in requests:
+        loop.add_request(request, 0.0)
+    step = 0
+    while loop.has_work:
+        if abort_at and step in abort_at:
+            loop.abort(abort_at[step], float(step))
+        in_flight = loop.begin_step(float(step))
+        assert in_flight is not None, "the loop stalled with work left"
+        step += 1
+        loop.complete_step(in_flight, float(step))
+
+
+def twp() -> Policy:
+    return build_policy("twp", load_profile("v100-llama-3.2-3b"))
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [twp, lambda: VllmDefaultPolicy(VllmDefaultConfig(max_num_batched_tokens=48))],
+    ids=["twp", "vllm_default-48"],
+)
+def test_batched_greedy_equals_generate(
+    make_engine: EngineFactory,
+    prompt_ids: list[list[int]],
+    references: list[list[int]],
+    policy: Callable[[], Policy],
+) -> None:
+    engine = make_engine(dtype="float32")
+    loop = StepLoop(policy(), engine)
+    requests = [make_request(i, ids) for i, ids in enumerate(prompt_ids)]
+    run(loop, requests)
+    assert len({len(ids) for ids in prompt_ids}) == len(prompt_ids)
+    assert any(s.num_prefill_tokens and s.num_decode_tokens for s in loop.steps), "no mixed step"
+    assert sum(1 for s in loop.steps if s.num_prefill_tokens) >= 2, "prefill was not chunked"
+    for request, reference in zip(requests, references, strict=True):
+        assert request.output_token_ids == reference, f"request {request.request_id}"
+    assert engine.num_free_blocks == engine.num_total_blocks
+    assert engine.num_active_slots == 0
+
+
+def test_preemption_recomputes_exactly(
+    make_engine: EngineFactory, prompt_ids: list[list[int]], references: list[list[int]]
+) -> None:
+    engine = make_engine(kv_cache_tokens=160, block_size=16)
+    loop = StepLoop(VllmDefaultPolicy(VllmDefaultConfig(max_num_batched_tokens=64)), engine)
+    requests = [make_request(i, ids) for i, ids in enumerate(prompt_ids[:4])]
+    run(loop, requests)
+    assert any(r.num_preemptions for r in requests), "the small cache forced no preemption"
+    for request, reference in zip(requests, references[:4], strict=True):
+        assert request.output_token_ids == reference, f"request {request.request_id}"
+    assert engine.num_free_blocks == engine.num_total_blocks
+
+
+def test_abort_returns_blocks(make_engine: EngineFactory, prompt_ids: list[list[int]]) -> None:
+    engine = make_engine()
+    loop = StepLoop(VllmDefaultPolicy(VllmDefaultConfig(max_num_batched_tokens=64)), engine)
+    requests = [make_request(i, ids, ignore_eos=True) for i, ids in enumerate(prompt_ids[:4])]
+    run(loop, requests, abort_at={3: 1, 5: 3})
+    assert requests[1].finish_reason is FinishReason.ABORT
+    assert requests[3].finish_reason is FinishReason.ABORT
+    assert requests[0].num_output_tokens == requests[0].max_tokens
+    assert engine.num_free_blocks == engine.num_total_blocks
+    assert engine.num_active_slots == 0
+
+
+def test_stop_string_ends_request(
+    make_engine: EngineFactory, prompt_ids: list[list[int]], references: list[list[int]]
+) -> None:
+    engine = make_engine()
+    tokenizer = engine.tokenizer
+    full = references[3]
+    # A word from the middle of the greedy output, so the stop must cut it short.
+    word = tokenizer.decode(full[4:6]).strip()
+    assert word
+    request = make_request(0, prompt_ids[3], stop=(word,))
+    run(StepLoop(twp(), engine), [request])
+    assert request.finish_reason is FinishReason.STOP
+    out = request.output_token_ids
+    assert out == full[: len(out)]
+    assert len(out) < len(full)
+    assert word in tokenizer.decode(out) and word not in tokenizer.decode(out[:-1])
+
+
+def test_seeded_sampling_is_reproducible(
+    make_engine: EngineFactory, prompt_ids: list[list[int]]
+) -> None:
+    def sampled(seed: int, companions: int) -> list[int]:
+        engine = make_engine()
+        params = {"temperature": 1.0, "top_p": 0.9, "ignore_eos": True}
+        target = make_request(0, prompt_ids[4], seed=seed, **params)
+        others = [make_request(i + 1, prompt_ids[i], **params) for i in range(companions)]
+        run(StepLoop(twp(), engine), [target, *others])
+        return target.output_token_ids
+
+    alone = sampled(seed=7, companions=0)
+    assert sampled(seed=7, companions=3) == alone
+    assert sampled(seed=8, companions=0) != alone
+
+
+def test_step_latency_is_measured(make_engine: EngineFactory, prompt_ids: list[list[int]]) -> None:
+    engine = make_engine()
+    loop = StepLoop(twp(), engine)
+    start = time.perf_counter()
+    run(loop, [make_request(0, prompt_ids[0], max_tokens=4)])
+    elapsed = time.perf_counter() - start
+    latencies = [s.latency_s for s in loop.steps]
+    assert all(lat > 0 for lat in latencies)
+    assert sum(latencies) <= elapsed
