@@ -94,6 +94,10 @@ class NativeEngine:
         return self._blocks.num_free_blocks
 
     @property
+    def kv_bytes_per_token(self) -> int:
+        return self._cache.bytes_per_token
+
+    @property
     def num_active_slots(self) -> int:
         return self._cache.num_active
 
@@ -103,6 +107,18 @@ class NativeEngine:
     def free(self, request_id: int) -> None:
         self._blocks.free(request_id)
         self._cache.release(request_id)
+
+    def fill_context(self, request: Request, num_tokens: int) -> None:
+        """Profiling aid: mark ``num_tokens`` more tokens of ``request`` as computed without
+        running the model (blocks allocated, KV contents left arbitrary), so a sweep can time
+        decode steps at long contexts without paying their prefill."""
+        _ensure_prompt_ids(request, self.tokenizer)
+        self._blocks.allocate(request, num_tokens)
+        slot = self._cache.assign(request.request_id)
+        end = request.num_computed_tokens + num_tokens
+        self._cache.ensure(self._cache.num_active, end)
+        request.num_computed_tokens = end
+        self._cache.set_length(slot, end)
 
     def execute(self, chunks: Sequence[ScheduledChunk]) -> StepResult:
         start = self._clock()

@@ -69,6 +69,13 @@ class SlotKVCache:
         return int(self.keys.shape[1]), int(self.keys.shape[3])
 
     @property
+    def bytes_per_token(self) -> int:
+        """Keys and values of one token across all layers (bytes)."""
+        s = self.shape
+        element = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * s.num_layers * s.num_kv_heads * s.head_dim * element
+
+    @property
     def num_bytes(self) -> int:
         return 2 * self.keys.numel() * self.keys.element_size()
 

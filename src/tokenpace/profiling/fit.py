@@ -1,0 +1,86 @@
+"""Fits of the profile's latency model to sweep measurements (paper Eq. 2 plus prefill)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from tokenpace.profiling.points import DecodePoint, MixedPoint, PrefillPoint
+
+
+@dataclass(frozen=True, slots=True)
+class Eq2Fit:
+    """``l(B) = l_min_ms`` for ``B <= b0``, ``l_min_ms + alpha_ms * (B - b0)`` beyond;
+    ``r2`` is the coefficient of determination over the fitted points."""
+
+    l_min_ms: float
+    b0: int
+    alpha_ms: float
+    r2: float
+
+    def predict_ms(self, batch_size: int) -> float:
+        return self.l_min_ms + self.alpha_ms * max(0, batch_size - self.b0)
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillFit:
+    """Prefill cost per token (ms) plus an attention term per token per 1,000 context tokens,
+    and the fixed overhead (ms) of carrying a chunk inside a decode step."""
+
+    ms_per_token: float
+    attention_ms_per_kctx: float
+    mixed_overhead_ms: float
+
+    def chunk_ms(self, num_tokens: int, context_start: int) -> float:
+        """Same formula as ``LatencyModel.prefill_ms``."""
+        mean_context = context_start + (num_tokens + 1) / 2
+        return num_tokens * (self.ms_per_token + self.attention_ms_per_kctx * mean_context / 1000)
+
+
+def fit_eq2(points: Sequence[DecodePoint]) -> Eq2Fit:
+    """Piecewise-linear least squares: for every candidate B0 among the measured batch
+    sizes, solve ``l_min`` and ``alpha`` (alpha >= 0) and keep the B0 with the smallest
+    squared error. A curve that rises from B = 1 yields ``b0 = 1``: no flat region."""
+    if len(points) < 3:
+        raise ValueError(f"the Eq. 2 fit needs at least 3 decode points, got {len(points)}")
+    batch = np.array([p.batch_size for p in points], dtype=float)
+    ms = np.array([p.step_ms for p in points], dtype=float)
+    total = float(np.sum((ms - ms.mean()) ** 2))
+    best: Eq2Fit | None = None
+    best_sse = float("inf")
+    for b0 in sorted({p.batch_size for p in points}):
+        hinge = np.maximum(0.0, batch - b0)
+        design = np.column_stack([np.ones_like(batch), hinge])
+        (l_min, alpha), *_ = np.linalg.lstsq(design, ms, rcond=None)
+        if alpha < 0:
+            l_min, alpha = float(ms.mean()), 0.0
+        sse = float(np.sum((ms - (l_min + alpha * hinge)) ** 2))
+        if sse < best_sse - 1e-12:
+            best_sse = sse
+            r2 = 1.0 - sse / total if total > 0 else 1.0
+            best = Eq2Fit(float(l_min), int(b0), float(alpha), r2)
+    assert best is not None
+    return best
+
+
+def fit_prefill(points: Sequence[PrefillPoint], l_min_ms: float, mixed: MixedPoint) -> PrefillFit:
+    """Least squares of ``step_ms - l_min_ms = p * C + a * C * mean_context / 1000`` over
+    prefill-only steps (a prefill-only step pays the weight-read floor l_min, as the
+    simulator's latency model assumes); both terms clamped at 0. The mixing overhead is
+    what a decode step with one chunk costs beyond the decode step plus the chunk's model
+    cost (clamped at 0)."""
+    if not points:
+        raise ValueError("the prefill fit needs at least one prefill point")
+    chunk = np.array([p.num_tokens for p in points], dtype=float)
+    mean_context = np.array([p.context_start for p in points], dtype=float) + (chunk + 1) / 2
+    extra = np.array([p.step_ms for p in points], dtype=float) - l_min_ms
+    design = np.column_stack([chunk, chunk * mean_context / 1000])
+    (per_token, attention), *_ = np.linalg.lstsq(design, extra, rcond=None)
+    if attention < 0:
+        attention = 0.0
+        per_token = float(np.sum(chunk * extra) / np.sum(chunk * chunk))
+    fit = PrefillFit(max(0.0, float(per_token)), float(attention), 0.0)
+    overhead = mixed.mixed_ms - mixed.decode_ms - fit.chunk_ms(mixed.chunk, 0)
+    return PrefillFit(fit.ms_per_token, fit.attention_ms_per_kctx, max(0.0, overhead))

@@ -1,0 +1,72 @@
+"""A PNG of the profile fit: decode step time vs batch size, context and prefill chunk."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from tokenpace.profiling.fit import Eq2Fit, PrefillFit
+from tokenpace.profiling.points import DecodePoint, PrefillPoint
+
+
+def plot_fit(
+    path: Path,
+    title: str,
+    decode: Sequence[DecodePoint],
+    context: Sequence[DecodePoint],
+    prefill: Sequence[PrefillPoint],
+    eq2: Eq2Fit,
+    prefill_fit: PrefillFit,
+) -> None:
+    """Write a three-panel figure to ``path`` (matplotlib's Agg backend, no display)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    ax = axes[0]
+    batches = [p.batch_size for p in decode]
+    ax.plot(batches, [p.step_ms for p in decode], "o", label="measured (median)")
+    grid = list(range(1, max(batches) + 1))
+    ax.plot(
+        grid,
+        [eq2.predict_ms(b) for b in grid],
+        "-",
+        label=f"Eq. 2: l_min={eq2.l_min_ms:.1f} ms, B0={eq2.b0}, "
+        f"alpha={eq2.alpha_ms:.2f} ms, r2={eq2.r2:.3f}",
+    )
+    ax.set_xlabel("decode batch size B")
+    ax.set_ylabel("step time (ms)")
+    ax.set_title("decode step vs batch")
+    ax.legend(fontsize=8)
+    ax = axes[1]
+    for size in sorted({p.batch_size for p in context}):
+        points = [p for p in context if p.batch_size == size]
+        ax.plot([p.context for p in points], [p.step_ms for p in points], "o-", label=f"B={size}")
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("step time (ms)")
+    ax.set_title("decode step vs context")
+    ax.legend(fontsize=8)
+    ax = axes[2]
+    for start in sorted({p.context_start for p in prefill}):
+        series = sorted(
+            (p for p in prefill if p.context_start == start), key=lambda p: p.num_tokens
+        )
+        chunks = [p.num_tokens for p in series]
+        ax.plot(chunks, [p.step_ms for p in series], "o", label=f"measured, context {start}")
+        ax.plot(
+            chunks,
+            [eq2.l_min_ms + prefill_fit.chunk_ms(c, start) for c in chunks],
+            "-",
+            label=f"fit, context {start}",
+        )
+    ax.set_xlabel("prefill chunk (tokens)")
+    ax.set_ylabel("step time (ms)")
+    ax.set_title(f"prefill: {prefill_fit.ms_per_token:.3f} ms/token")
+    ax.legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,35 @@
+"""What the profiling sweep measures: one dataclass per kind of point (times in ms)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class DecodePoint:
+    """Median decode step time (ms) of ``batch_size`` requests at ``context`` tokens;
+    ``cv`` is the coefficient of variation of the timed steps."""
+
+    batch_size: int
+    context: int
+    step_ms: float
+    cv: float
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillPoint:
+    """Median time (ms) of a step computing one prefill chunk and nothing else."""
+
+    num_tokens: int
+    context_start: int
+    step_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class MixedPoint:
+    """Decode step time (ms) of ``batch_size`` requests without and with one prefill chunk."""
+
+    batch_size: int
+    chunk: int
+    decode_ms: float
+    mixed_ms: float

@@ -1,0 +1,155 @@
+"""``run_profile``: sweep a live engine, fit the latency model, write the profile and a PNG."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from tokenpace.engine.profile import CheckpointTier, EngineProfile
+from tokenpace.profiling.fit import fit_eq2, fit_prefill
+from tokenpace.profiling.plot import plot_fit
+
+if TYPE_CHECKING:
+    from tokenpace.profiling.sweep import SweepConfig
+
+Clock = Callable[[], float]
+Log = Callable[[str], None]
+ENGINES = ("native",)
+
+
+def run_profile(
+    engine_name: str,
+    out_path: Path,
+    *,
+    engine_config: object | None = None,
+    sweep: SweepConfig | None = None,
+    plot_path: Path | None = None,
+    measure_checkpoints: bool = True,
+    clock: Clock = time.perf_counter,
+    log: Log = lambda _message: None,
+) -> EngineProfile:
+    """Profile ``engine_name`` (only ``"native"`` here) and write the profile JSON to
+    ``out_path`` (loadable by ``load_profile``) and the fit figure to ``plot_path``
+    (default: ``out_path`` with suffix ``.png``). ``engine_config`` is a
+    ``NativeEngineConfig`` (default: the embedded SmolLM2 in float32, 2 threads).
+    ``measure_checkpoints`` times a load from every checkpoint tier (the GGUF dequantisation
+    takes tens of seconds). Raises ValueError for an unknown engine name."""
+    if engine_name not in ENGINES:
+        raise ValueError(f"cannot profile engine {engine_name!r}; valid: {', '.join(ENGINES)}")
+    from tokenpace.engine.native import NativeEngine, NativeEngineConfig
+    from tokenpace.engine.native.loading import gguf_source, load_gguf, load_model
+    from tokenpace.profiling.sweep import (
+        SweepConfig,
+        measure_read_bandwidth_gb_s,
+        time_decode,
+        time_mixed,
+        time_prefill,
+    )
+
+    config = engine_config if engine_config is not None else NativeEngineConfig()
+    if not isinstance(config, NativeEngineConfig):
+        raise TypeError(f"engine_config must be a NativeEngineConfig, got {type(config).__name__}")
+    sweep = sweep if sweep is not None else SweepConfig()
+    plot_path = plot_path if plot_path is not None else out_path.with_suffix(".png")
+
+    log(f"loading {config.model} ({config.dtype})")
+    engine = NativeEngine.load(config, clock=clock, rng=np.random.default_rng(0))
+    loaded = engine.loaded
+    checkpoint_bytes = sum(f.stat().st_size for f in loaded.checkpoint_dir.glob("*.safetensors"))
+    bandwidth = measure_read_bandwidth_gb_s(loaded.device, clock)
+    log(f"memory read bandwidth {bandwidth:.1f} GB/s")
+
+    decode = []
+    for size in sweep.batch_sizes:
+        decode.append(time_decode(engine, sweep, size, sweep.decode_context))
+        log(f"decode B={size}: {decode[-1].step_ms:.1f} ms")
+    context = [
+        time_decode(engine, sweep, size, length)
+        for size in sweep.context_batch_sizes
+        for length in sweep.context_lengths
+    ]
+    prefill = [time_prefill(engine, sweep, chunk, 0) for chunk in sweep.prefill_chunks]
+    prefill += [
+        time_prefill(engine, sweep, 64, start)
+        for start in sweep.prefill_context_starts
+        if start > 0
+    ]
+    mixed = time_mixed(engine, sweep)
+    log(
+        f"mixed: decode {mixed.decode_ms:.1f} ms, with a {mixed.chunk}-token chunk "
+        f"{mixed.mixed_ms:.1f} ms"
+    )
+    eq2 = fit_eq2(decode)
+    prefill_fit = fit_prefill(prefill, eq2.l_min_ms, mixed)
+
+    tiers = [CheckpointTier("gpu", 0.0)]
+    notes = {
+        "source": f"Measured by run_profile on {loaded.device} with {config.num_threads} "
+        f"threads, {config.dtype}, model {config.model}.",
+        "b0": "No flat region when b0 = 1: every extra request adds alpha_ms."
+        if eq2.b0 == 1
+        else f"Step time is flat up to B0 = {eq2.b0}.",
+        "decode": "; ".join(f"B={p.batch_size}: {p.step_ms:.2f} ms" for p in decode),
+        "context": "; ".join(
+            f"B={p.batch_size} ctx={p.context}: {p.step_ms:.2f} ms" for p in context
+        ),
+        "prefill": "; ".join(
+            f"C={p.num_tokens} start={p.context_start}: {p.step_ms:.2f} ms" for p in prefill
+        ),
+        "mixed": f"B={mixed.batch_size}: {mixed.decode_ms:.2f} ms alone, {mixed.mixed_ms:.2f} "
+        f"ms with a {mixed.chunk}-token chunk",
+        "memory_read_gb_s": f"{bandwidth:.1f}",
+        "roofline_ms": f"{loaded.weight_bytes / bandwidth / 1e6:.2f} (weight bytes / bandwidth)",
+        "num_gpu_blocks": f"The engine's configured KV budget: {config.kv_cache_tokens} tokens "
+        f"of {engine.kv_bytes_per_token} bytes each.",
+    }
+    if measure_checkpoints:
+        start = clock()
+        load_model(config, clock)
+        safetensors_s = clock() - start
+        tiers.append(CheckpointTier("host_memory", checkpoint_bytes / safetensors_s / 1e9))
+        tiers.append(CheckpointTier("local_ssd", checkpoint_bytes / safetensors_s / 1e9))
+        notes["checkpoint_safetensors_s"] = f"{safetensors_s:.2f}"
+        gguf = gguf_source(config)
+        if gguf is not None:
+            start = clock()
+            load_gguf(gguf, loaded.dtype)
+            gguf_s = clock() - start
+            tiers.append(CheckpointTier("remote", checkpoint_bytes / gguf_s / 1e9))
+            notes["checkpoint_gguf_s"] = f"{gguf_s:.2f}"
+            notes["checkpoint_ratio"] = f"{gguf_s / safetensors_s:.2f} (GGUF / safetensors)"
+        notes["checkpoint_tiers"] = (
+            "host_memory and local_ssd: load of the cached safetensors directory (page cache "
+            "warm; both tiers measure the same path here); remote: dequantising the GGUF. "
+            "Bandwidth = checkpoint_bytes / load seconds (engine_init_s = 0)."
+        )
+        log(
+            f"checkpoint load: {notes.get('checkpoint_safetensors_s')} s safetensors, "
+            f"{notes.get('checkpoint_gguf_s', '-')} s GGUF"
+        )
+
+    profile = EngineProfile(
+        name=f"native-{Path(config.model).name}-{config.dtype}-{loaded.device.type}",
+        l_min_ms=eq2.l_min_ms,
+        b0=eq2.b0,
+        alpha_ms=eq2.alpha_ms,
+        r2=eq2.r2,
+        prefill_ms_per_token=prefill_fit.ms_per_token,
+        prefill_attention_ms_per_kctx=prefill_fit.attention_ms_per_kctx,
+        mixed_prefill_overhead_ms=prefill_fit.mixed_overhead_ms,
+        noise_cv=float(np.median([p.cv for p in decode])),
+        block_size=config.block_size,
+        num_gpu_blocks=config.num_blocks,
+        checkpoint_bytes=checkpoint_bytes,
+        engine_init_s=0.0,
+        checkpoint_tiers=tuple(tiers),
+        notes=notes,
+    )
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(profile.to_json() + "\n")
+    plot_fit(plot_path, profile.name, decode, context, prefill, eq2, prefill_fit)
+    return profile

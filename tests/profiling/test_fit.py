@@ -1,0 +1,51 @@
+"""Eq. 2 and prefill fits recover the parameters of synthetic measurements."""
+
+from __future__ import annotations
+
+import pytest
+
+from tokenpace.engine.latency_model import LatencyModel, PrefillChunk
+from tokenpace.engine.profile import load_profile
+from tokenpace.profiling.fit import fit_eq2, fit_prefill
+from tokenpace.profiling.points import DecodePoint, MixedPoint, PrefillPoint
+
+BATCHES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+
+
+def decode_points(l_min: float, b0: int, alpha: float) -> list[DecodePoint]:
+    return [DecodePoint(b, 128, l_min + alpha * max(0, b - b0), 0.0) for b in BATCHES]
+
+
+@pytest.mark.parametrize(("l_min", "b0", "alpha"), [(43.0, 8, 1.0), (60.0, 1, 2.5), (9.0, 16, 0.3)])
+def test_eq2_fit_recovers_the_hinge(l_min: float, b0: int, alpha: float) -> None:
+    fit = fit_eq2(decode_points(l_min, b0, alpha))
+    assert fit.b0 == b0
+    assert fit.l_min_ms == pytest.approx(l_min)
+    assert fit.alpha_ms == pytest.approx(alpha)
+    assert fit.r2 == pytest.approx(1.0)
+
+
+def test_flat_curve_has_zero_alpha() -> None:
+    fit = fit_eq2(decode_points(30.0, 64, 0.0))
+    assert fit.alpha_ms == pytest.approx(0.0)
+    assert fit.l_min_ms == pytest.approx(30.0)
+
+
+def test_eq2_fit_needs_three_points() -> None:
+    with pytest.raises(ValueError, match="at least 3"):
+        fit_eq2(decode_points(1.0, 1, 1.0)[:2])
+
+
+def test_prefill_fit_matches_the_simulator_latency_model() -> None:
+    profile = load_profile("v100-llama-3.2-3b")
+    model = LatencyModel(profile)
+    points = [
+        PrefillPoint(c, s, 1000 * model.step_s(0, [PrefillChunk(c, s)]))
+        for c, s in ((16, 0), (32, 0), (64, 0), (128, 0), (256, 0), (64, 512), (64, 1024))
+    ]
+    decode_ms = model.decode_ms(8)
+    mixed_ms = 1000 * model.step_s(8, [PrefillChunk(64, 0)])
+    fit = fit_prefill(points, profile.l_min_ms, MixedPoint(8, 64, decode_ms, mixed_ms))
+    assert fit.ms_per_token == pytest.approx(profile.prefill_ms_per_token)
+    assert fit.attention_ms_per_kctx == pytest.approx(profile.prefill_attention_ms_per_kctx)
+    assert fit.mixed_overhead_ms == pytest.approx(profile.mixed_prefill_overhead_ms)
