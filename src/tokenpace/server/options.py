@@ -1,0 +1,88 @@
+"""Settings of ``tokenpace serve``: address, model, scheduler, pool and admission bounds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenpace.core.config import option, require_positive
+
+
+@dataclass(frozen=True, slots=True)
+class ServeOptions:
+    """Everything ``tokenpace serve`` takes. Each field is one command-line flag
+    (``--kebab-case`` of its name); ``describe(ServeOptions)`` gives the help texts."""
+
+    host: str = option("127.0.0.1", "Address to bind.")
+    port: int = option(8000, "TCP port to bind (0 picks a free one).")
+    engine: str = option("native", "Engine: 'native' (PyTorch + transformers).")
+    model: str = option("smollm2", "'smollm2' (embedded), a local HF directory or a .gguf file.")
+    served_model_name: str | None = option(
+        None, "Model name clients send and /v1/models lists (default: the model's name)."
+    )
+    scheduler: str = option("twp", "Admission policy run every step (see the policy registry).")
+    router: str = option("least_loaded", "Router choosing a container for each request.")
+    containers: int = option(1, "Engine containers in the pool (each holds its own model).")
+    keep_alive_s: float | None = option(
+        None, "Seconds an idle container stays warm before going cold (None: never)."
+    )
+    cache_dir: Path | None = option(
+        None, "Converted checkpoint cache (default ~/.cache/tokenpace)."
+    )
+    device: str = option("auto", "'auto', 'cpu' or 'cuda[:N]'.")
+    dtype: str = option("float32", "Weights and KV precision.")
+    num_threads: int = option(2, "Torch CPU threads per engine (pinned).")
+    kv_cache_tokens: int = option(65536, "KV cache budget per container (tokens).")
+    max_model_len: int = option(2048, "Longest prompt + output one request may reach (tokens).")
+    max_num_seqs: int = option(256, "Most requests holding KV at once per container.")
+    b0: int = option(8, "Saturation batch size B0 given to the policy's profile.")
+    mean_output_tokens: float = option(64.0, "Expected mean output length given to the profile.")
+    default_max_tokens: int = option(256, "max_tokens when a request omits it (capped by context).")
+    max_queued_requests: int = option(
+        256, "Requests waiting for admission (all containers) beyond which the server answers 429."
+    )
+    max_queued_tokens: int = option(
+        262144, "Prompt + max_tokens of waiting requests beyond which the server answers 429."
+    )
+    retry_after_s: int = option(1, "Retry-After (seconds) sent with a 429.")
+    api_key: str | None = option(None, "Bearer token every /v1 request must carry (None: open).")
+    shutdown_timeout_s: float = option(
+        10.0, "On shutdown, seconds in-flight requests may finish before they are aborted."
+    )
+    disconnect_poll_s: float = option(
+        0.25, "How often a non-streaming request checks that its client is still there (s)."
+    )
+    log_level: str = option("info", "uvicorn log level.")
+
+    def __post_init__(self) -> None:
+        require_positive(
+            self,
+            "containers",
+            "num_threads",
+            "kv_cache_tokens",
+            "max_model_len",
+            "max_num_seqs",
+            "b0",
+            "mean_output_tokens",
+            "default_max_tokens",
+            "max_queued_requests",
+            "max_queued_tokens",
+            "retry_after_s",
+            "shutdown_timeout_s",
+            "disconnect_poll_s",
+        )
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"ServeOptions.port must be in [0, 65535], got {self.port}")
+        if self.keep_alive_s is not None and not self.keep_alive_s > 0:
+            raise ValueError(f"ServeOptions.keep_alive_s must be > 0, got {self.keep_alive_s}")
+        if self.engine != "native":
+            raise ValueError(
+                f"ServeOptions.engine {self.engine!r} is not served; valid choices: native"
+            )
+
+    @property
+    def model_name(self) -> str:
+        """The name clients must send as ``model``."""
+        if self.served_model_name is not None:
+            return self.served_model_name
+        return Path(self.model).name if self.model != "smollm2" else "smollm2-135m-instruct"

@@ -1,0 +1,101 @@
+"""Bodies of OpenAI-style responses and stream chunks (plain JSON-ready dicts)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tokenpace.core.request import FinishReason
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token counts of one request."""
+
+    prompt_tokens: int
+    completion_tokens: int
+
+    def to_dict(self) -> dict[str, int]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseMeta:
+    """What every chunk of one response repeats. ``created`` is Unix seconds."""
+
+    response_id: str
+    created: int
+    model: str
+    chat: bool
+
+    @property
+    def chunk_object(self) -> str:
+        return "chat.completion.chunk" if self.chat else "text_completion"
+
+    @property
+    def object(self) -> str:
+        return "chat.completion" if self.chat else "text_completion"
+
+
+def finish_reason_name(reason: FinishReason, stopped_by_text: bool) -> str:
+    """OpenAI's finish_reason: "stop", "length", or "abort" (the server ended it)."""
+    if stopped_by_text or reason is FinishReason.STOP:
+        return "stop"
+    if reason is FinishReason.LENGTH:
+        return "length"
+    return "abort"
+
+
+def chunk(meta: ResponseMeta, text: str | None, finish_reason: str | None) -> dict[str, Any]:
+    """One stream chunk carrying ``text`` (chat: a content delta; None: the role delta)."""
+    choice: dict[str, Any]
+    if meta.chat:
+        delta: dict[str, Any] = {"role": "assistant", "content": ""} if text is None else {}
+        if text:
+            delta["content"] = text
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    else:
+        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+    return {
+        "id": meta.response_id,
+        "object": meta.chunk_object,
+        "created": meta.created,
+        "model": meta.model,
+        "choices": [choice],
+    }
+
+
+def usage_chunk(meta: ResponseMeta, usage: Usage) -> dict[str, Any]:
+    """The final chunk sent when ``stream_options.include_usage`` is set."""
+    return {
+        "id": meta.response_id,
+        "object": meta.chunk_object,
+        "created": meta.created,
+        "model": meta.model,
+        "choices": [],
+        "usage": usage.to_dict(),
+    }
+
+
+def full_response(
+    meta: ResponseMeta, text: str, finish_reason: str, usage: Usage
+) -> dict[str, Any]:
+    """A non-streaming completion or chat completion."""
+    choice: dict[str, Any]
+    if meta.chat:
+        message = {"role": "assistant", "content": text}
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    return {
+        "id": meta.response_id,
+        "object": meta.object,
+        "created": meta.created,
+        "model": meta.model,
+        "choices": [choice],
+        "usage": usage.to_dict(),
+    }

@@ -1,0 +1,128 @@
+"""The async front door to the pool: build a request, admit it, and iterate its events.
+
+Handlers call ``prepare`` (validation against the model's context), ``submit`` (bounded
+admission, routing) and then read ``handle.queue``. Whatever ends the handler early (a
+client gone, a cancelled task) must call ``abort``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tokenpace.core.request import Request
+from tokenpace.core.sampling import SamplingParams
+from tokenpace.server.admission import AdmissionQueue
+from tokenpace.server.errors import ApiError
+from tokenpace.server.events import RequestHandle
+from tokenpace.server.metrics import ServerMetrics
+from tokenpace.server.pool import ServerPool
+
+
+@dataclass(frozen=True, slots=True)
+class ModelLimits:
+    """Token limits of the served model: ``max_model_len`` bounds prompt + output of one
+    request; ``kv_capacity_tokens`` is one container's whole KV cache."""
+
+    max_model_len: int
+    kv_capacity_tokens: int
+    default_max_tokens: int
+
+
+@dataclass(slots=True)
+class Submission:
+    """A request accepted by the pool, and where its events arrive."""
+
+    request: Request
+    handle: RequestHandle
+
+
+class Service:
+    """Owns nothing but references: the pool, admission queue, tokenizer and metrics."""
+
+    def __init__(
+        self,
+        pool: ServerPool,
+        admission: AdmissionQueue,
+        tokenizer: Any,
+        metrics: ServerMetrics,
+        limits: ModelLimits,
+        clock: Callable[[], float],
+        retry_after_s: int,
+    ) -> None:
+        self.pool = pool
+        self.admission = admission
+        self.tokenizer = tokenizer
+        self.metrics = metrics
+        self.limits = limits
+        self.clock = clock
+        self.retry_after_s = retry_after_s
+        self.accepting = True
+
+    def check_lengths(
+        self, num_prompt_tokens: int, max_tokens: int | None, prompt_field: str
+    ) -> int:
+        """Validate against the context; return the effective max_tokens (tokens).
+
+        Raises ApiError(400) naming ``prompt_field`` or ``max_tokens``."""
+        limit = min(self.limits.max_model_len, self.limits.kv_capacity_tokens)
+        if num_prompt_tokens == 0:
+            raise ApiError(400, f"'{prompt_field}' must not be empty", param=prompt_field)
+        if num_prompt_tokens >= limit:
+            raise ApiError(
+                400,
+                f"'{prompt_field}' has {num_prompt_tokens} tokens; the model's context is "
+                f"{limit} tokens, prompt and output included",
+                param=prompt_field,
+                code="context_length_exceeded",
+            )
+        if max_tokens is None:
+            return min(self.limits.default_max_tokens, limit - num_prompt_tokens)
+        if num_prompt_tokens + max_tokens > limit:
+            raise ApiError(
+                400,
+                f"'max_tokens' is {max_tokens} but the prompt has {num_prompt_tokens} tokens "
+                f"and the model's context is {limit} tokens",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
+        return max_tokens
+
+    def submit(
+        self, prompt_token_ids: list[int], max_tokens: int, sampling: SamplingParams
+    ) -> Submission:
+        """Admit and route a request. Raises ApiError 429 (queue full, with Retry-After) or
+        503 (shutting down)."""
+        if not self.accepting:
+            self.metrics.reject("shutting_down")
+            raise ApiError(503, "the server is shutting down", code="shutting_down")
+        request_id = self.pool.next_request_id()
+        num_tokens = len(prompt_token_ids) + max_tokens
+        if not self.admission.try_reserve(request_id, num_tokens):
+            self.metrics.reject("queue_full")
+            raise ApiError(
+                429,
+                "the server is overloaded: its admission queue is full; retry later",
+                code="queue_full",
+                headers={"Retry-After": str(self.retry_after_s)},
+            )
+        request = Request(
+            request_id=request_id,
+            num_prompt_tokens=len(prompt_token_ids),
+            max_tokens=max_tokens,
+            arrival_s=self.clock(),
+            prompt_token_ids=list(prompt_token_ids),
+            sampling=sampling,
+        )
+        handle = RequestHandle(request_id, asyncio.get_running_loop())
+        try:
+            self.pool.submit(request, handle)
+        except RuntimeError as error:
+            self.admission.release(request_id)
+            raise ApiError(503, str(error), code="shutting_down") from None
+        return Submission(request, handle)
+
+    def abort(self, submission: Submission) -> None:
+        self.pool.abort(submission.request)
