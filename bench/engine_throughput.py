@@ -1,0 +1,140 @@
+"""Tokens/s of the native engine at several batch sizes, and its batch-1 step vs the roofline.
+
+Each batch runs B requests (synthetic prompts of ``--prompt-tokens`` tokens, exactly
+``--output-tokens`` outputs each, EOS ignored) through the step loop with vLLM's default
+policy, so the run is decode-dominated. tokens/s = output tokens / wall time of the run.
+The roofline is the weight bytes over the memory read bandwidth measured in the same run.
+``--vllm`` also measures vLLM through ``tokenpace.engine.vllm.bench_throughput(batches,
+prompt_tokens, output_tokens) -> {batch: tokens/s}`` when that module provides it.
+Prints one JSON object on its last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+# Spinning OpenMP threads collapse under any competing busy process; set before torch loads.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import numpy as np
+
+from tokenpace.core.request import Request
+from tokenpace.core.sampling import SamplingParams
+from tokenpace.engine.native import NativeEngine, NativeEngineConfig
+from tokenpace.policy.vllm_default import VllmDefaultConfig, VllmDefaultPolicy
+from tokenpace.profiling.sweep import measure_read_bandwidth_gb_s
+from tokenpace.runtime.step_loop import StepLoop
+
+
+def run_batch(
+    engine: NativeEngine, batch: int, prompt_tokens: int, output_tokens: int, first_id: int
+) -> dict[str, float]:
+    """Run ``batch`` requests to completion; tokens/s and the median decode step (ms)."""
+    loop = StepLoop(VllmDefaultPolicy(VllmDefaultConfig()), engine)
+    params = SamplingParams(ignore_eos=True)
+    for i in range(batch):
+        loop.add_request(
+            Request(first_id + i, prompt_tokens, output_tokens, 0.0, sampling=params), 0.0
+        )
+    start = time.perf_counter()
+    while loop.has_work:
+        step = loop.begin_step(time.perf_counter() - start)
+        assert step is not None
+        loop.complete_step(step, time.perf_counter() - start)
+    elapsed = time.perf_counter() - start
+    decode_ms = [1000 * s.latency_s for s in loop.steps if s.num_prefill_tokens == 0]
+    return {
+        "tok_s": batch * output_tokens / elapsed,
+        "decode_step_ms_p50": statistics.median(decode_ms),
+        "wall_s": elapsed,
+    }
+
+
+def vllm_throughput(batches: list[int], prompt_tokens: int, output_tokens: int) -> Any:
+    try:
+        module = importlib.import_module("tokenpace.engine.vllm")
+    except ImportError as exc:
+        print(f"vllm: not measured ({exc})")
+        return None
+    bench = getattr(module, "bench_throughput", None)
+    if bench is None:
+        print("vllm: tokenpace.engine.vllm has no bench_throughput(); not measured")
+        return None
+    return bench(batches, prompt_tokens, output_tokens)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2", help="'smollm2' or a local HF directory")
+    parser.add_argument("--dtype", default="bfloat16", help="float32, bfloat16 or float16")
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument("--batches", default="1,8,16,32", help="comma-separated batch sizes")
+    parser.add_argument("--prompt-tokens", type=int, default=32, help="prompt length (tokens)")
+    parser.add_argument("--output-tokens", type=int, default=64, help="outputs per request")
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=Path("build/native-cache"),
+        help="converted checkpoint cache",
+    )
+    parser.add_argument(
+        "--vllm",
+        action="store_true",
+        help="also measure vLLM (needs tokenpace.engine.vllm.bench_throughput)",
+    )
+    args = parser.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+
+    config = NativeEngineConfig(
+        model=args.model, cache_dir=args.cache_dir, dtype=args.dtype, num_threads=args.threads
+    )
+    engine = NativeEngine.load(config, rng=np.random.default_rng(0))
+    bandwidth = measure_read_bandwidth_gb_s(engine.loaded.device)
+    roofline_ms = engine.loaded.weight_bytes / bandwidth / 1e6
+    run_batch(engine, 2, args.prompt_tokens, 8, first_id=1_000_000)  # warm-up
+    native: dict[int, dict[str, float]] = {}
+    for i, batch in enumerate(batches):
+        native[batch] = run_batch(
+            engine, batch, args.prompt_tokens, args.output_tokens, first_id=i * 10_000
+        )
+        print(
+            f"native B={batch}: {native[batch]['tok_s']:.1f} tok/s, decode step "
+            f"{native[batch]['decode_step_ms_p50']:.1f} ms"
+        )
+    vllm = vllm_throughput(batches, args.prompt_tokens, args.output_tokens) if args.vllm else None
+    step_b1 = native[1]["decode_step_ms_p50"] if 1 in native else None
+    result = {
+        "engine": "native",
+        "model": args.model,
+        "dtype": args.dtype,
+        "threads": args.threads,
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "prompt_tokens": args.prompt_tokens,
+        "output_tokens": args.output_tokens,
+        "native_tok_s": {str(b): round(r["tok_s"], 1) for b, r in native.items()},
+        "native_decode_step_ms": {
+            str(b): round(r["decode_step_ms_p50"], 2) for b, r in native.items()
+        },
+        "weight_bytes": engine.loaded.weight_bytes,
+        "read_bandwidth_gb_s": round(bandwidth, 1),
+        "roofline_ms": round(roofline_ms, 2),
+        "b1_step_over_roofline": round(step_b1 / roofline_ms, 2) if step_b1 else None,
+        "vllm_tok_s": vllm,
+        "native_over_vllm": (
+            {str(b): round(native[b]["tok_s"] / float(vllm[b]), 2) for b in native if b in vllm}
+            if vllm
+            else None
+        ),
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
