@@ -68,6 +68,8 @@ class TokenpaceScheduler(Scheduler):  # type: ignore[misc]
     live requests) and ``use_policy`` to swap policies between runs.
     """
 
+    waiting: Any
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         settings = SchedulerSettings.from_env(os.environ)
@@ -232,8 +234,8 @@ class TokenpaceScheduler(Scheduler):  # type: ignore[misc]
         preempted during the pass (in the order it queued them). vLLM's real waiting queue
         is restored afterwards, without the started requests, with the preempted at its front.
         """
-        withheld = self.waiting
-        staged = FCFSRequestQueue(chosen)
+        withheld: Any = self.waiting
+        staged: Any = FCFSRequestQueue(chosen)
         chosen_keys = {id(r) for r in chosen}
         self.waiting = staged
         self._num_withheld = len(withheld) - len(chosen)
