@@ -68,9 +68,8 @@ def describe_validation(errors: Sequence[Any]) -> tuple[str, str | None]:
     loc = [str(part) for part in first.get("loc", ()) if part != "body"]
     if kind == "json_invalid":
         return "the request body is not valid JSON", None
-    # Union members add their type name to the location (e.g. "prompt.str"); keep the field.
-    fields = [p for p in loc if not p.isdigit() and not p.startswith(("str", "list[", "int"))]
-    param = ".".join(fields) if fields else None
+    # The top-level field: deeper parts mix field names with union-member tags ("str").
+    param = loc[0] if loc and not loc[0].isdigit() else None
     if kind == "missing" and param is None:
         return "the request body is missing", None
     message = str(first.get("msg", "invalid value"))

@@ -1,0 +1,119 @@
+"""Real servers for the serve tests: uvicorn in threads over the embedded SmolLM2.
+
+The model is loaded once per session; every container engine shares its weights (each has
+its own KV cache). Two servers: ``server`` with default bounds, ``guarded_server`` with an
+API key and an admission queue of one request.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+_MISSING = [
+    name
+    for name in ("torch", "transformers", "fastapi", "uvicorn", "prometheus_client", "httpx")
+    if importlib.util.find_spec(name) is None
+]
+SKIP_REASON = (
+    f"the serve tests need the native and serve extras; missing: {', '.join(_MISSING)}"
+    if _MISSING
+    else ""
+)
+
+MODEL = "smollm2-135m-instruct"
+API_KEY = "test-key"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "serve: starts a real tokenpace server (real model)")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = os.path.dirname(__file__)
+    for item in items:
+        if str(item.fspath).startswith(here):
+            item.add_marker(pytest.mark.serve)
+            if _MISSING:
+                item.add_marker(pytest.mark.skip(reason=SKIP_REASON))
+
+
+@dataclass
+class RunningServer:
+    """A server running in a thread; ``url`` is its base URL."""
+
+    url: str
+    server: object
+    uvicorn: object
+    thread: threading.Thread
+
+    def stop(self) -> None:
+        self.uvicorn.should_exit = True  # type: ignore[attr-defined]
+        self.thread.join(60)
+
+
+@pytest.fixture(scope="session")
+def loaded_model() -> object:
+    if _MISSING:
+        pytest.skip(SKIP_REASON)
+    from tokenpace.engine.native import NativeEngineConfig, load_model
+
+    try:
+        return load_model(NativeEngineConfig(), time.perf_counter)
+    except FileNotFoundError as error:
+        pytest.skip(f"the embedded model is not available: {error}")
+
+
+def start_server(loaded: object, **overrides: object) -> RunningServer:
+    """Build a server whose engines share ``loaded`` and run it on a free port."""
+    import numpy as np
+    import uvicorn
+
+    from tokenpace.engine.native import NativeEngine, NativeEngineConfig
+    from tokenpace.server.main import build_server
+    from tokenpace.server.options import ServeOptions
+    from tokenpace.server.uvicorn_server import DrainingServer
+
+    options = ServeOptions(port=0, log_level="warning", shutdown_timeout_s=5.0, **overrides)  # type: ignore[arg-type]
+    engine_config = NativeEngineConfig(
+        kv_cache_tokens=options.kv_cache_tokens,
+        max_model_len=options.max_model_len,
+        max_num_seqs=options.max_num_seqs,
+    )
+
+    def factory() -> NativeEngine:
+        return NativeEngine(loaded, engine_config, time.perf_counter, np.random.default_rng(0))  # type: ignore[arg-type]
+
+    built = build_server(options, engine_factory=factory)
+    config = uvicorn.Config(built.app, host="127.0.0.1", port=0, log_level="warning")
+    server = DrainingServer(config, built.service, options.shutdown_timeout_s)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the test server did not start")
+        time.sleep(0.05)
+    return RunningServer(f"http://127.0.0.1:{server.bound_port()}", built, server, thread)
+
+
+@pytest.fixture(scope="session")
+def server(loaded_model: object) -> Iterator[RunningServer]:
+    running = start_server(loaded_model)
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="session")
+def guarded_server(loaded_model: object) -> Iterator[RunningServer]:
+    running = start_server(loaded_model, api_key=API_KEY, max_queued_requests=1, scheduler="fcfs")
+    yield running
+    running.stop()

@@ -1,0 +1,92 @@
+"""Bad input gets an OpenAI-style 400/401/404 naming the field; overload gets 429."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from tests.server.conftest import API_KEY, RunningServer
+from tests.server.helpers import MODEL
+
+CASES = [
+    ("completions", b"{not json", None),
+    ("completions", {"model": MODEL, "prompt": "x", "max_tokens": 0}, "max_tokens"),
+    ("completions", {"model": MODEL, "prompt": "x", "max_tokens": -3}, "max_tokens"),
+    ("completions", {"model": MODEL, "prompt": "x", "max_tokens": "ten"}, "max_tokens"),
+    ("completions", {"model": MODEL, "prompt": "x", "max_tokens": 100000}, "max_tokens"),
+    ("completions", {"model": MODEL, "prompt": "x", "temperature": "hot"}, "temperature"),
+    ("completions", {"model": MODEL, "prompt": "x", "top_p": 0}, "top_p"),
+    ("completions", {"model": MODEL, "prompt": "x", "n": 2}, "n"),
+    ("completions", {"model": MODEL, "prompt": "x", "stream": "yes"}, "stream"),
+    ("completions", {"model": MODEL}, "prompt"),
+    ("completions", {"model": MODEL, "prompt": ""}, "prompt"),
+    ("completions", {"model": MODEL, "prompt": []}, "prompt"),
+    ("completions", {"model": MODEL, "prompt": 12}, "prompt"),
+    ("completions", {"model": MODEL, "prompt": "hello " * 3000}, "prompt"),
+    ("completions", {"prompt": "x"}, "model"),
+    ("completions", [1, 2], None),
+    ("chat/completions", {"model": MODEL}, "messages"),
+    ("chat/completions", {"model": MODEL, "messages": []}, "messages"),
+    ("chat/completions", {"model": MODEL, "messages": [{"role": "user"}]}, "messages"),
+    ("chat/completions", {"model": MODEL, "messages": "hi"}, "messages"),
+    (
+        "chat/completions",
+        {"model": MODEL, "messages": [{"role": "user", "content": "hi " * 3000}]},
+        "messages",
+    ),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "param"), CASES)
+def test_bad_input_is_400_naming_the_field(
+    server: RunningServer, path: str, body: object, param: str | None
+) -> None:
+    url = f"{server.url}/v1/{path}"
+    if isinstance(body, bytes):
+        response = httpx.post(url, content=body, headers={"content-type": "application/json"})
+    else:
+        response = httpx.post(url, json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error"
+    assert error["message"]
+    if param is not None:
+        assert error["param"] is not None and error["param"].startswith(param)
+
+
+def test_unknown_model_is_404(server: RunningServer) -> None:
+    response = httpx.post(f"{server.url}/v1/completions", json={"model": "gpt-9", "prompt": "x"})
+    assert response.status_code == 404
+    assert response.json()["error"]["param"] == "model"
+
+
+def test_api_key_is_required(guarded_server: RunningServer) -> None:
+    url = f"{guarded_server.url}/v1/models"
+    assert httpx.get(url).status_code == 401
+    wrong = httpx.get(url, headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 401
+    assert wrong.json()["error"]["type"] == "authentication_error"
+    assert httpx.get(url, headers={"Authorization": f"Bearer {API_KEY}"}).status_code == 200
+    assert httpx.get(f"{guarded_server.url}/health").status_code == 200
+
+
+def test_full_admission_queue_is_429_with_retry_after(guarded_server: RunningServer) -> None:
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    body = {"model": MODEL, "prompt": "Tell me a story", "max_tokens": 4, "temperature": 0}
+
+    async def run() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=guarded_server.url, timeout=120) as client:
+            return await asyncio.gather(
+                *(client.post("/v1/completions", json=body, headers=headers) for _ in range(16))
+            )
+
+    responses = asyncio.run(run())
+    codes = [r.status_code for r in responses]
+    assert set(codes) <= {200, 429}
+    assert 200 in codes and 429 in codes
+    rejected = next(r for r in responses if r.status_code == 429)
+    assert int(rejected.headers["Retry-After"]) >= 1
+    assert rejected.json()["error"]["type"] == "rate_limit_error"

@@ -1,0 +1,130 @@
+"""Completions and chat completions against a real server, with httpx and the openai client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from tests.server.conftest import RunningServer
+from tests.server.helpers import MODEL, metric, sse_payloads, stream_text
+
+GREEDY = {"model": MODEL, "temperature": 0, "max_tokens": 8}
+
+
+def test_models_and_health(server: RunningServer) -> None:
+    models = httpx.get(f"{server.url}/v1/models").json()
+    assert [m["id"] for m in models["data"]] == [MODEL]
+    health = httpx.get(f"{server.url}/health").json()
+    assert health["status"] == "ok"
+    assert health["containers"][0]["state"] == "warm"
+
+
+def test_completion_non_streaming_has_usage(server: RunningServer) -> None:
+    body = {**GREEDY, "prompt": "The capital of France is"}
+    response = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+    assert response.status_code == 200
+    data = response.json()
+    assert data["object"] == "text_completion"
+    choice = data["choices"][0]
+    assert choice["finish_reason"] in ("stop", "length")
+    assert choice["text"]
+    usage = data["usage"]
+    assert usage["prompt_tokens"] > 0
+    assert 1 <= usage["completion_tokens"] <= 8
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+
+
+def test_streamed_text_equals_non_streamed_text(server: RunningServer) -> None:
+    for path, extra, chat in (
+        ("completions", {"prompt": "Once upon a time"}, False),
+        ("chat/completions", {"messages": [{"role": "user", "content": "Say hi"}]}, True),
+    ):
+        body = {**GREEDY, **extra}
+        whole = httpx.post(f"{server.url}/v1/{path}", json=body, timeout=60).json()
+        streamed = httpx.post(
+            f"{server.url}/v1/{path}",
+            json={**body, "stream": True, "stream_options": {"include_usage": True}},
+            timeout=60,
+        )
+        assert streamed.headers["content-type"].startswith("text/event-stream")
+        payloads = sse_payloads(streamed.text)
+        assert payloads[-1] == "[DONE]"
+        usage_chunk = json.loads(payloads[-2])
+        assert usage_chunk["choices"] == []
+        assert usage_chunk["usage"] == whole["usage"]
+        choice = whole["choices"][0]
+        expected = choice["message"]["content"] if chat else choice["text"]
+        assert stream_text(payloads, chat) == expected
+
+
+def test_stop_string_is_cut_from_the_output(server: RunningServer) -> None:
+    body = {**GREEDY, "prompt": "Count: 1, 2, 3, 4, 5, 6,", "max_tokens": 16}
+    full = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60).json()
+    text = full["choices"][0]["text"]
+    assert len(text) > 3
+    stop = text[2:4]
+    cut = httpx.post(f"{server.url}/v1/completions", json={**body, "stop": [stop]}, timeout=60)
+    choice = cut.json()["choices"][0]
+    assert choice["finish_reason"] == "stop"
+    assert choice["text"] == text[: text.index(stop)]
+
+
+def test_seeded_sampling_is_reproducible(server: RunningServer) -> None:
+    body = {"model": MODEL, "prompt": "Hello", "max_tokens": 6, "temperature": 1.0, "seed": 7}
+    first = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60).json()
+    second = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60).json()
+    assert first["choices"][0]["text"] == second["choices"][0]["text"]
+
+
+def test_openai_client_chat_and_completions(server: RunningServer) -> None:
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    chat = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=6, temperature=0
+    )
+    assert chat.choices[0].message.content
+    assert chat.usage is not None and chat.usage.completion_tokens >= 1
+    completion = client.completions.create(model=MODEL, prompt="Hi", max_tokens=6, temperature=0)
+    assert completion.choices[0].text
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Hi"}],
+            max_tokens=6,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == chat.choices[0].message.content
+    assert chunks[-1].usage is not None
+    stream = client.completions.create(
+        model=MODEL, prompt="Hi", max_tokens=6, temperature=0, stream=True
+    )
+    assert "".join(c.choices[0].text for c in stream) == completion.choices[0].text
+
+
+def test_32_concurrent_streams_all_complete(server: RunningServer) -> None:
+    openai = pytest.importorskip("openai")
+    client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    before = metric(server.url, "tokenpace:request_success_total")
+
+    async def one(i: int) -> str | None:
+        stream = await client.completions.create(
+            model=MODEL, prompt=f"Story {i}:", max_tokens=4, temperature=0, stream=True
+        )
+        reason = None
+        async for chunk in stream:
+            reason = chunk.choices[0].finish_reason or reason
+        return reason
+
+    async def run() -> list[str | None]:
+        return await asyncio.gather(*(one(i) for i in range(32)))
+
+    reasons = asyncio.run(run())
+    assert all(r in ("stop", "length") for r in reasons)
+    assert metric(server.url, "tokenpace:request_success_total") - before == 32
