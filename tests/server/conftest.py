@@ -11,8 +11,9 @@ import importlib.util
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -72,8 +73,11 @@ def loaded_model() -> object:
         pytest.skip(f"the embedded model is not available: {error}")
 
 
-def start_server(loaded: object, **overrides: object) -> RunningServer:
-    """Build a server whose engines share ``loaded`` and run it on a free port."""
+def start_server(
+    loaded: object, wrap: Callable[[Any], Any] | None = None, **overrides: object
+) -> RunningServer:
+    """Build a server whose engines share ``loaded`` (each engine passed through ``wrap``
+    when given) and run it on a free port."""
     import numpy as np
     import uvicorn
 
@@ -89,8 +93,9 @@ def start_server(loaded: object, **overrides: object) -> RunningServer:
         max_num_seqs=options.max_num_seqs,
     )
 
-    def factory() -> NativeEngine:
-        return NativeEngine(loaded, engine_config, time.perf_counter, np.random.default_rng(0))  # type: ignore[arg-type]
+    def factory() -> Any:
+        engine = NativeEngine(loaded, engine_config, time.perf_counter, np.random.default_rng(0))  # type: ignore[arg-type]
+        return wrap(engine) if wrap is not None else engine
 
     built = build_server(options, engine_factory=factory)
     config = uvicorn.Config(built.app, host="127.0.0.1", port=0, log_level="warning")
