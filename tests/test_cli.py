@@ -41,3 +41,50 @@ def test_bench_runs_and_prints_table(tmp_path: Path) -> None:
     document = json.loads((tmp_path / "results.json").read_text())
     assert {r["scheduler"] for r in document["runs"]} == {"twp", "fcfs"}
     assert (tmp_path / "report.md").exists() and (tmp_path / "requests.csv").exists()
+
+
+def test_whole_evaluation_is_deterministic_for_a_seed(tmp_path: Path) -> None:
+    args = ("bench", "--preset", "all", "--schedulers", "twp,serverlessllm", "--seeds", "1",
+            "--scenario-duration", "3")  # fmt: skip
+    first = tokenpace(*args, "--out", str(tmp_path / "a"))
+    assert first.returncode == 0, first.stderr
+    assert tokenpace(*args, "--out", str(tmp_path / "b")).returncode == 0
+    a = (tmp_path / "a" / "results.json").read_bytes()
+    assert a == (tmp_path / "b" / "results.json").read_bytes()
+    document = json.loads(a)
+    workloads = {(r["workload"], r["scheduler"]) for r in document["runs"]}
+    # The single-server main experiment has no router, so serverlessllm runs only on the pool.
+    assert ("main", "twp") in workloads and ("main", "serverlessllm") not in workloads
+    assert {("high", "serverlessllm"), ("burst", "twp")} <= workloads
+    pool_runs = [r for r in document["runs"] if r["workload"] != "main"]
+    assert all("num_cold_starts" in r and "num_migrations" in r for r in pool_runs)
+    assert "Cold starts" in (tmp_path / "a" / "report.md").read_text()
+
+
+AZURE_ROWS = (
+    "TIMESTAMP,ContextTokens,GeneratedTokens\r\n"
+    "2023-11-16 18:15:46.6805900,374,44\r\n"
+    "2023-11-16 18:15:50.9951690,396,109\r\n"
+    "2023-11-16 18:15:51.2224670,879,55"
+)
+
+
+def test_trace_replay_on_the_pool(tmp_path: Path) -> None:
+    trace = tmp_path / "azure.csv"
+    trace.write_text(AZURE_ROWS, newline="")
+    result = tokenpace("bench", "--trace", str(trace), "--schedulers", "twp,fcfs",
+                       "--out", str(tmp_path / "out"))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    document = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert [r["n_completed"] for r in document["runs"]] == [3, 3]
+    assert "3 replayed" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_malformed_trace_names_the_line(tmp_path: Path) -> None:
+    trace = tmp_path / "bad.csv"
+    trace.write_text(AZURE_ROWS.replace("396,109", "396,lots"), newline="")
+    result = tokenpace("bench", "--trace", str(trace))
+    assert result.returncode == 2
+    assert "bad.csv:3" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    unknown = tokenpace("bench", "--trace", str(trace), "--trace-format", "csv")
+    assert unknown.returncode == 2 and "valid choices: azure, burstgpt" in unknown.stderr

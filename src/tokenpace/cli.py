@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -13,14 +14,18 @@ from rich.progress import Progress
 from rich.table import Table
 
 from tokenpace.bench.matrix import MatrixConfig
+from tokenpace.bench.presets import POOL_SCHEDULERS, PRESETS, PlanOptions
 from tokenpace.bench.suite import num_cells, run_bench
 from tokenpace.engine.profile import EngineProfile, load_profile
 from tokenpace.metrics.slo import Slo
-from tokenpace.policy import POLICIES
+from tokenpace.pool.capacity import pool_capacity_rps_for_specs
+from tokenpace.pool.config import PoolConfig
+from tokenpace.pool.router import ROUTERS
+from tokenpace.pool.simulate import scheduler_names
 from tokenpace.workload.gsm8k import load_prompts
-from tokenpace.workload.main_experiment import PoissonWorkload
-
-PAPER_SCHEDULERS = ("twp", "fcfs", "priority", "dynamic_batch", "vllm_default")
+from tokenpace.workload.scenarios import ScenarioConfig, scenario_capacity_rps
+from tokenpace.workload.spec import ReplayWorkload
+from tokenpace.workload.traces import TRACE_FORMATS, TraceOptions, load_trace, time_scale_for_rate
 
 app = typer.Typer(
     add_completion=False,
@@ -38,16 +43,18 @@ def fail(message: str) -> NoReturn:
 
 
 def parse_schedulers(text: str) -> tuple[str, ...]:
+    valid = scheduler_names()
     names = tuple(n.strip() for n in text.split(",") if n.strip())
     if not names:
-        fail("--schedulers is empty; valid choices: " + ", ".join(POLICIES.names()))
+        fail("--schedulers is empty; valid choices: " + ", ".join(valid))
     for name in names:
-        if name not in POLICIES:
-            fail(f"unknown scheduler {name!r}; valid choices: {', '.join(POLICIES.names())}")
+        if name not in valid:
+            fail(f"unknown scheduler {name!r}; valid choices: {', '.join(valid)}")
     return names
 
 
 def require_positive(flag: str, value: float | None) -> None:
+    """Fail (exit 2) unless ``value`` is None or > 0."""
     if value is not None and not value > 0:
         fail(f"{flag} must be positive, got {value}")
 
@@ -84,12 +91,85 @@ def print_summary(console: Console, summary: list[dict[str, Any]]) -> None:
         console.print(table)
 
 
+def pool_config(containers: int, keep_alive: float, initial_warm: int | None) -> PoolConfig:
+    require_positive("--containers", containers)
+    require_positive("--keep-alive", keep_alive)
+    warm = min(containers, 2) if initial_warm is None else initial_warm
+    if not 0 <= warm <= containers:
+        fail(f"--initial-warm must be in [0, {containers}], got {warm}")
+    return PoolConfig(num_containers=containers, initial_warm=warm, keep_alive_s=keep_alive)
+
+
+def trace_part(
+    path: Path,
+    trace_format: str,
+    options: TraceOptions,
+    load: float | None,
+    plan: PlanOptions,
+) -> tuple[MatrixConfig, str]:
+    """A pool part replaying the trace. With ``load`` set, the time scale is chosen so the
+    mean arrival rate is ``load`` x the pool's capacity for the trace's own lengths."""
+    if trace_format not in TRACE_FORMATS:
+        fail(
+            f"unknown --trace-format {trace_format!r}; valid choices: "
+            f"{', '.join(TRACE_FORMATS.names())}"
+        )
+    try:
+        trace = load_trace(path, trace_format, options)
+        if load is not None:
+            capacity = pool_capacity_rps_for_specs(
+                plan.profile, trace.specs, plan.pool.num_containers
+            )
+            scale = time_scale_for_rate(trace, load * capacity)
+            trace = load_trace(path, trace_format, replace(options, time_scale=scale))
+    except (FileNotFoundError, ValueError) as error:
+        fail(f"--trace: {error}")
+    report = trace.report
+    note = (
+        f"Trace `{report.path}` ({report.trace_format}): {report.num_rows} rows, "
+        f"{report.num_failed} failed requests skipped, {report.num_outside_window} outside the "
+        f"window, {report.num_kept} replayed over {report.span_s:.0f} s "
+        f"({trace.mean_rate_per_s:.2f} req/s)."
+    )
+    workload = ReplayWorkload(name=f"trace:{path.stem}", specs=tuple(trace.specs))
+    part = MatrixConfig(
+        schedulers=plan.schedulers or POOL_SCHEDULERS,
+        workloads=(workload,),
+        seeds=plan.seeds,
+        profile=plan.profile,
+        slo=plan.slo,
+        runner="pool",
+        pool=plan.pool,
+        router=plan.router,
+    )
+    return part, note
+
+
+def capacity_note(plan: PlanOptions) -> str:
+    capacity = scenario_capacity_rps(plan.profile, plan.pool.num_containers)
+    return (
+        f"Scenario rates are fractions of the pool's capacity, {capacity:.2f} req/s for "
+        f"{plan.pool.num_containers} containers: the rate the pool sustains with every "
+        "container at its efficient point (B0 requests decoding at l_min), each request "
+        "costing E[out] * l_min / B0 of decode plus its whole-prompt prefill and the mixing "
+        "overhead. low 0.5, medium 0.8, high 1.2 (Poisson); burst: Markov-modulated Poisson "
+        "averaging 0.8 with short bursts at 3x."
+    )
+
+
 @app.command()
 def bench(
-    schedulers: Annotated[str, typer.Option(help="Comma-separated scheduler names.")] = ",".join(
-        PAPER_SCHEDULERS
-    ),
-    seeds: Annotated[int, typer.Option(help="Number of seeds per cell.")] = 10,
+    preset: Annotated[
+        str,
+        typer.Option(help="main (paper main experiment), scenarios (4 loads on the pool) or all."),
+    ] = "main",
+    schedulers: Annotated[
+        str | None,
+        typer.Option(help="Comma-separated scheduler names (default: the preset's own)."),
+    ] = None,
+    seeds: Annotated[
+        int | None, typer.Option(help="Number of seeds per cell (default 10; 1 for --trace).")
+    ] = None,
     seed: Annotated[int, typer.Option(help="First seed; seeds are seed..seed+N-1.")] = 0,
     profile: Annotated[
         str, typer.Option(help="Shipped profile name or path to a profile JSON.")
@@ -101,17 +181,54 @@ def bench(
         Path | None, typer.Option(help="GSM8K-style JSONL with prompt text (optional).")
     ] = None,
     workers: Annotated[int, typer.Option(help="Worker processes.")] = 2,
+    router: Annotated[
+        str | None,
+        typer.Option(help="Router for policies on the pool (default least_loaded)."),
+    ] = None,
+    containers: Annotated[int, typer.Option(help="Containers in the simulated pool.")] = 4,
+    keep_alive: Annotated[
+        float, typer.Option(help="Idle seconds before a warm container goes cold.")
+    ] = 10.0,
+    initial_warm: Annotated[
+        int | None, typer.Option(help="Containers warm at time 0 (default min(2, N)).")
+    ] = None,
+    scenario_duration: Annotated[
+        float, typer.Option(help="Arrival window of each scenario run (s).")
+    ] = 20.0,
+    trace: Annotated[
+        Path | None, typer.Option(help="Replay this trace on the pool instead of a preset.")
+    ] = None,
+    trace_format: Annotated[str, typer.Option(help="Trace format: azure or burstgpt.")] = "azure",
+    trace_speedup: Annotated[
+        float | None,
+        typer.Option(help="Divide arrival gaps by this (default: scale to --trace-load)."),
+    ] = None,
+    trace_load: Annotated[
+        float, typer.Option(help="Without --trace-speedup: mean rate as a fraction of capacity.")
+    ] = 1.0,
+    trace_start: Annotated[float, typer.Option(help="Window start (s after first row).")] = 0.0,
+    trace_end: Annotated[float | None, typer.Option(help="Window end (s after first row).")] = None,
+    trace_max_requests: Annotated[
+        int | None, typer.Option(help="Replay at most this many requests.")
+    ] = None,
 ) -> None:
-    """Run the paper's main experiment (Poisson 18 req/s, 60 s, <= 250 requests) for every
-    scheduler over N seeds on the simulator; print the table; write results.json,
-    requests.csv, report.md and figures into --out."""
-    names = parse_schedulers(schedulers)
-    require_positive("--seeds", seeds)
-    require_positive("--slo-ttft-ms", slo_ttft_ms)
-    require_positive("--slo-tpot-ms", slo_tpot_ms)
-    require_positive("--workers", workers)
+    """Compare schedulers on the simulator. Default: the paper's main experiment (Poisson
+    18 req/s, 60 s, <= 250 requests) for five schedulers over 10 seeds. Prints the table;
+    writes results.json, requests.csv, report.md and figures into --out."""
+    for flag, value in (
+        ("--seeds", seeds), ("--slo-ttft-ms", slo_ttft_ms), ("--slo-tpot-ms", slo_tpot_ms),
+        ("--workers", workers), ("--scenario-duration", scenario_duration),
+        ("--trace-speedup", trace_speedup), ("--trace-load", trace_load),
+        ("--trace-max-requests", trace_max_requests),
+    ):  # fmt: skip
+        require_positive(flag, value)
     if seed < 0:
         fail(f"--seed must be >= 0, got {seed}")
+    if preset not in PRESETS:
+        fail(f"unknown preset {preset!r}; valid choices: {', '.join(PRESETS.names())}")
+    if router is not None and router not in ROUTERS:
+        fail(f"unknown router {router!r}; valid choices: {', '.join(ROUTERS.names())}")
+    names = parse_schedulers(schedulers) if schedulers is not None else None
     engine_profile = resolve_profile(profile)
     prompt_texts = None
     if prompts is not None:
@@ -119,22 +236,44 @@ def bench(
             prompt_texts = tuple(load_prompts(prompts))
         except (FileNotFoundError, ValueError) as error:
             fail(f"--prompts: {error}")
-    config = MatrixConfig(
+    num_seeds = seeds if seeds is not None else (1 if trace is not None else 10)
+    plan = PlanOptions(
         schedulers=names,
-        workloads=(PoissonWorkload(),),
-        seeds=tuple(range(seed, seed + seeds)),
+        seeds=tuple(range(seed, seed + num_seeds)),
         profile=engine_profile,
         slo=Slo(ttft_ms=slo_ttft_ms, tpot_ms=slo_tpot_ms),
+        pool=pool_config(containers, keep_alive, initial_warm),
+        router=router,
         prompts=prompt_texts,
-        workers=workers,
+        scenario=ScenarioConfig(duration_s=scenario_duration),
     )
+    notes: list[str] = []
+    if trace is not None:
+        try:
+            options = TraceOptions(
+                time_scale=trace_speedup or 1.0, start_s=trace_start, end_s=trace_end,
+                max_requests=trace_max_requests,
+            )  # fmt: skip
+        except ValueError as error:
+            fail(f"--trace options: {error}")
+        part, note = trace_part(
+            trace, trace_format, options, None if trace_speedup else trace_load, plan
+        )
+        parts = [part]
+        notes.append(note)
+    else:
+        parts = PRESETS.get(preset)(plan)
+        if any(p.runner == "pool" for p in parts):
+            notes.append(capacity_note(plan))
+    if any(not p.schedulers for p in parts):
+        fail("no scheduler of --schedulers can run in this preset's single-server part")
     console = Console(stderr=True)
     started = time.monotonic()
     with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("simulating", total=num_cells(config))
+        task = progress.add_task("simulating", total=num_cells(parts))
         outcome = run_bench(
-            config, out, str(prompts) if prompts else None,
-            on_done=lambda _cell: progress.advance(task),
+            parts, out, str(prompts) if prompts else None, workers=workers,
+            on_done=lambda _cell: progress.advance(task), notes=tuple(notes),
         )  # fmt: skip
     print_summary(Console(width=170), outcome.document["summary"])
     console.print(

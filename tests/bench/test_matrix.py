@@ -18,22 +18,23 @@ RUN_KEYS = {
 }  # fmt: skip
 
 
-def small_config(profile: EngineProfile, workers: int) -> MatrixConfig:
-    return MatrixConfig(
-        schedulers=("twp", "fcfs"),
-        workloads=(PoissonWorkload(rate_per_s=18, duration_s=3, max_requests=40),),
-        seeds=(0, 1),
-        profile=profile,
-        slo=Slo(),
-        workers=workers,
-    )
+def small_config(profile: EngineProfile) -> list[MatrixConfig]:
+    return [
+        MatrixConfig(
+            schedulers=("twp", "fcfs"),
+            workloads=(PoissonWorkload(rate_per_s=18, duration_s=3, max_requests=40),),
+            seeds=(0, 1),
+            profile=profile,
+            slo=Slo(),
+        )
+    ]
 
 
 def test_results_files_and_byte_identical_reruns(
     tmp_path: Path, paper_profile: EngineProfile
 ) -> None:
-    first = run_bench(small_config(paper_profile, workers=1), tmp_path / "a")
-    run_bench(small_config(paper_profile, workers=2), tmp_path / "b")
+    first = run_bench(small_config(paper_profile), tmp_path / "a", workers=1)
+    run_bench(small_config(paper_profile), tmp_path / "b", workers=2)
     a = (tmp_path / "a" / "results.json").read_bytes()
     assert a == (tmp_path / "b" / "results.json").read_bytes()
 
@@ -65,7 +66,7 @@ def test_results_files_and_byte_identical_reruns(
 def test_same_workload_for_every_scheduler_of_a_seed(
     tmp_path: Path, paper_profile: EngineProfile
 ) -> None:
-    run_bench(small_config(paper_profile, workers=1), tmp_path)
+    run_bench(small_config(paper_profile), tmp_path, workers=1)
     with (tmp_path / "requests.csv").open() as handle:
         rows = list(csv.DictReader(handle))
 

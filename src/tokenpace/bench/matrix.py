@@ -1,7 +1,9 @@
 """Run every (scheduler, workload, seed) cell, in parallel processes, deterministically.
 
 Seeds: the workload of seed s is drawn from ``default_rng([s, 0])`` and is the same for
-every scheduler; the engine noise of that run from ``default_rng([s, 1])``.
+every scheduler; the engine noise of that run from ``default_rng([s, 1])``. A bench is one or
+more parts (``MatrixConfig``), e.g. the main experiment on one server and the scenarios on
+the pool; their cells share one process pool and keep a fixed result order.
 """
 
 from __future__ import annotations
@@ -13,11 +15,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from tokenpace.bench.runners import RUNNERS
+from tokenpace.bench.runners import RUNNERS, RunRequest
 from tokenpace.core.request import Request
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.metrics.run_metrics import RunKey, summarize_run
 from tokenpace.metrics.slo import Slo
+from tokenpace.pool.config import PoolConfig
 from tokenpace.runtime.step_loop import StepRecord
 from tokenpace.workload.spec import RequestSpec
 
@@ -34,7 +37,24 @@ class WorkloadGenerator(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class MatrixConfig:
+    """One part of a bench: schedulers x workloads x seeds on one runner."""
+
+    schedulers: tuple[str, ...]
+    workloads: tuple[WorkloadGenerator, ...]
+    seeds: tuple[int, ...]
+    profile: EngineProfile
+    slo: Slo
+    runner: str = "sim"
+    engine: str = "sim"
+    prompts: tuple[str, ...] | None = None
+    pool: PoolConfig | None = None
+    router: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class CellSpec:
+    part: MatrixConfig
     scheduler: str
     workload: WorkloadGenerator
     seed: int
@@ -50,55 +70,56 @@ class CellResult:
     steps: dict[int, list[StepRecord]]
 
 
-@dataclass(frozen=True, slots=True)
-class MatrixConfig:
-    schedulers: tuple[str, ...]
-    workloads: tuple[WorkloadGenerator, ...]
-    seeds: tuple[int, ...]
-    profile: EngineProfile
-    slo: Slo
-    runner: str = "sim"
-    engine: str = "sim"
-    prompts: tuple[str, ...] | None = None
-    workers: int = 2
-
-
-def _run_cell(config: MatrixConfig, cell: CellSpec) -> CellResult:
-    specs = cell.workload.generate(np.random.default_rng([cell.seed, 0]), config.prompts)
-    runner = RUNNERS.get(config.runner)
-    engine_rng = np.random.default_rng([cell.seed, 1])
-    output = runner(cell.scheduler, specs, config.profile, engine_rng, config.slo)
-    key = RunKey(cell.scheduler, cell.workload.name, config.engine, cell.seed)
-    run = summarize_run(key, output.requests, start_s=0.0, slo=config.slo)
+def _run_cell(cell: CellSpec) -> CellResult:
+    part = cell.part
+    specs = cell.workload.generate(np.random.default_rng([cell.seed, 0]), part.prompts)
+    output = RUNNERS.get(part.runner)(
+        RunRequest(
+            scheduler=cell.scheduler,
+            specs=specs,
+            profile=part.profile,
+            rng=np.random.default_rng([cell.seed, 1]),
+            slo=part.slo,
+            pool=part.pool,
+            router=part.router,
+            record_steps=cell.keep_detail,
+        )
+    )
+    key = RunKey(cell.scheduler, cell.workload.name, part.engine, cell.seed)
+    run = summarize_run(key, output.requests, start_s=0.0, slo=part.slo)
     run.update({name: float(value) for name, value in sorted(output.counters.items())})
-    steps = dict(output.steps) if cell.keep_detail else {}
+    steps = {k: v for k, v in output.steps.items() if v} if cell.keep_detail else {}
     return CellResult(run, output.requests, steps)
 
 
-def cells(config: MatrixConfig) -> list[CellSpec]:
-    """All cells in result order: workload, then scheduler, then seed."""
+def cells(parts: Sequence[MatrixConfig]) -> list[CellSpec]:
+    """All cells in result order: part, workload, scheduler, seed. The first seed of each
+    (scheduler, workload) keeps its step records for the figures."""
     return [
-        CellSpec(scheduler, workload, seed, keep_detail=seed == config.seeds[0])
-        for workload in config.workloads
-        for scheduler in config.schedulers
-        for seed in config.seeds
+        CellSpec(part, scheduler, workload, seed, keep_detail=seed == part.seeds[0])
+        for part in parts
+        for workload in part.workloads
+        for scheduler in part.schedulers
+        for seed in part.seeds
     ]
 
 
 def run_matrix(
-    config: MatrixConfig, on_done: Callable[[CellSpec], None] | None = None
+    parts: Sequence[MatrixConfig],
+    workers: int = 2,
+    on_done: Callable[[CellSpec], None] | None = None,
 ) -> list[CellResult]:
     """Results in ``cells`` order, whatever order the worker processes finish in."""
-    todo = cells(config)
-    if config.workers <= 1:
+    todo = cells(parts)
+    if workers <= 1:
         results = []
         for cell in todo:
-            results.append(_run_cell(config, cell))
+            results.append(_run_cell(cell))
             if on_done:
                 on_done(cell)
         return results
-    with ProcessPoolExecutor(max_workers=config.workers) as pool:
-        futures = [pool.submit(_run_cell, config, cell) for cell in todo]
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        futures = [pool.submit(_run_cell, cell) for cell in todo]
         ordered = []
         for cell, future in zip(todo, futures, strict=True):
             ordered.append(future.result())

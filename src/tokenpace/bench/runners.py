@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -12,9 +12,25 @@ from tokenpace.core.request import Request
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.metrics.slo import Slo
 from tokenpace.policy.base import build_policy
+from tokenpace.pool.config import PoolConfig
+from tokenpace.pool.simulate import simulate_pool
 from tokenpace.runtime.step_loop import StepRecord
 from tokenpace.sim.run import simulate
 from tokenpace.workload.spec import RequestSpec
+
+
+@dataclass(frozen=True, slots=True)
+class RunRequest:
+    """Everything one run needs. ``pool`` and ``router`` matter to the pool runner only."""
+
+    scheduler: str
+    specs: Sequence[RequestSpec]
+    profile: EngineProfile
+    rng: np.random.Generator
+    slo: Slo
+    pool: PoolConfig | None = None
+    router: str | None = None
+    record_steps: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,20 +43,39 @@ class RunOutput:
     counters: Mapping[str, float] = field(default_factory=dict)
 
 
-Runner = Callable[[str, Sequence[RequestSpec], EngineProfile, np.random.Generator, Slo], RunOutput]
+Runner = Callable[[RunRequest], RunOutput]
 
 RUNNERS: Registry[Runner] = Registry("runner")
 
 
+def _preemptions(requests: Sequence[Request]) -> float:
+    return float(sum(r.num_preemptions for r in requests))
+
+
 @RUNNERS.register("sim")
-def run_single_server(
-    scheduler: str,
-    specs: Sequence[RequestSpec],
-    profile: EngineProfile,
-    rng: np.random.Generator,
-    slo: Slo,
-) -> RunOutput:
-    """One simulated server running ``scheduler`` (the paper's main experiment)."""
-    outcome = simulate(specs, build_policy(scheduler, profile, slo), profile, rng)
-    preemptions = sum(r.num_preemptions for r in outcome.requests)
-    return RunOutput(outcome.requests, {0: outcome.steps}, {"num_preemptions": preemptions})
+def run_single_server(run: RunRequest) -> RunOutput:
+    """One simulated server running the policy named ``run.scheduler``."""
+    policy = build_policy(run.scheduler, run.profile, run.slo)
+    outcome = simulate(run.specs, policy, run.profile, run.rng, run.record_steps)
+    return RunOutput(
+        outcome.requests, {0: outcome.steps}, {"num_preemptions": _preemptions(outcome.requests)}
+    )
+
+
+@RUNNERS.register("pool")
+def run_pool(run: RunRequest) -> RunOutput:
+    """The simulated serverless pool; ``round_robin`` and ``serverlessllm`` name routers with
+    FCFS inside containers, any policy runs behind ``run.router`` (default least_loaded)."""
+    pool = replace(run.pool or PoolConfig(), record_steps=run.record_steps)
+    outcome = simulate_pool(
+        run.specs, run.scheduler, run.profile, pool, run.rng, run.router, slo=run.slo
+    )
+    return RunOutput(
+        outcome.requests,
+        dict(enumerate(outcome.steps)),
+        {
+            "num_preemptions": _preemptions(outcome.requests),
+            "num_cold_starts": float(outcome.num_cold_starts),
+            "num_migrations": float(outcome.num_migrations),
+        },
+    )

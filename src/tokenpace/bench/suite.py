@@ -1,8 +1,9 @@
-"""`tokenpace bench`: run a matrix, write results.json, requests.csv, report.md and figures."""
+"""`tokenpace bench`: run the parts of a plan, write results.json, requests.csv, report.md
+and the figures."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -21,22 +22,37 @@ class BenchOutcome:
     figures: list[str]
 
 
-def config_document(config: MatrixConfig, prompts_path: str | None) -> dict[str, Any]:
-    """The ``config`` object of results.json: everything needed to rerun, nothing that
-    changes between identical runs (no wall times, no absolute dates)."""
+def part_document(part: MatrixConfig) -> dict[str, Any]:
+    """One part of the ``config`` object: everything needed to rerun it."""
     return {
-        "engine": config.engine,
-        "runner": config.runner,
-        "profile": asdict(config.profile),
-        "schedulers": list(config.schedulers),
-        "workloads": [_workload_config(w) for w in config.workloads],
-        "seeds": list(config.seeds),
-        "slo": asdict(config.slo),
+        "runner": part.runner,
+        "engine": part.engine,
+        "schedulers": list(part.schedulers),
+        "workloads": [_workload_config(w) for w in part.workloads],
+        "seeds": list(part.seeds),
+        "pool": asdict(part.pool) if part.pool else None,
+        "router": part.router,
+    }
+
+
+def config_document(parts: Sequence[MatrixConfig], prompts_path: str | None) -> dict[str, Any]:
+    """The ``config`` object of results.json; nothing in it changes between identical runs
+    (no wall times, no dates). Profile and SLO are shared by all parts."""
+    first = parts[0]
+    return {
+        "engine": first.engine,
+        "profile": asdict(first.profile),
+        "slo": asdict(first.slo),
+        "seeds": list(first.seeds),
         "prompts": prompts_path,
+        "parts": [part_document(p) for p in parts],
     }
 
 
 def _workload_config(workload: object) -> dict[str, Any]:
+    specs = getattr(workload, "specs", None)
+    if specs is not None:  # a replayed trace: its size, not its rows
+        return {"name": getattr(workload, "name", ""), "num_requests": len(specs)}
     try:
         return asdict(workload)  # type: ignore[call-overload, no-any-return]
     except TypeError:
@@ -44,26 +60,27 @@ def _workload_config(workload: object) -> dict[str, Any]:
 
 
 def run_bench(
-    config: MatrixConfig,
+    parts: Sequence[MatrixConfig],
     out_dir: Path,
     prompts_path: str | None = None,
+    workers: int = 2,
     on_done: Callable[[CellSpec], None] | None = None,
-    notes: tuple[str, ...] = (),
+    notes: Sequence[str] = (),
 ) -> BenchOutcome:
     out_dir.mkdir(parents=True, exist_ok=True)
-    results = run_matrix(config, on_done)
+    results = run_matrix(parts, workers, on_done)
     runs = [r.run for r in results]
-    config_doc = config_document(config, prompts_path)
+    config_doc = config_document(parts, prompts_path)
     summary = summarize(runs)
     document: dict[str, Any] = {"config": config_doc, "runs": runs, "summary": summary}
     write_results_json(out_dir / "results.json", config_doc, runs, summary)
     write_requests_csv(out_dir / "requests.csv", results)
     figures: list[str] = []
-    for workload in config.workloads:
-        figures += render_figures(results, summary, workload.name, out_dir)
+    for workload in dict.fromkeys(w.name for part in parts for w in part.workloads):
+        figures += render_figures(results, summary, workload, out_dir)
     (out_dir / "report.md").write_text(render_report(document, figures, notes))
     return BenchOutcome(document, out_dir, figures)
 
 
-def num_cells(config: MatrixConfig) -> int:
-    return len(cells(config))
+def num_cells(parts: Sequence[MatrixConfig]) -> int:
+    return len(cells(parts))

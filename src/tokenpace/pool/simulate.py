@@ -11,6 +11,7 @@ import numpy as np
 from tokenpace.core.request import Request
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.engine.sim import SimEngine
+from tokenpace.metrics.slo import Slo
 from tokenpace.policy import POLICIES, build_policy
 from tokenpace.pool.autoscaler import Autoscaler
 from tokenpace.pool.checkpoint import CheckpointStore
@@ -108,6 +109,7 @@ class PoolSimulation:
         pool_config: PoolConfig,
         rng: np.random.Generator,
         router: str | None = None,
+        slo: Slo | None = None,
     ) -> None:
         self.setup = resolve_scheduler(scheduler_name, router)
         self.kernel = EventKernel()
@@ -122,7 +124,7 @@ class PoolSimulation:
             pool_config.migration_overhead_s,
         )
         self.containers = build_containers(
-            self.kernel, self.pool, self.setup.policy, profile, pool_config, rng
+            self.kernel, self.pool, self.setup.policy, profile, pool_config, rng, slo
         )
         self.pool.attach(self.containers)
         for container in self.containers[: pool_config.initial_warm]:
@@ -174,11 +176,12 @@ def simulate_pool(
     pool_config: PoolConfig,
     rng: np.random.Generator,
     router: str | None = None,
+    slo: Slo | None = None,
 ) -> PoolOutcome:
     """Replay ``specs`` through the pool (see ``PoolSimulation``) until every request has
     finished. The same ``rng`` state and inputs give the same outcome. Raises RuntimeError
     if a request never finishes and ValueError for an unknown scheduler or router."""
-    simulation = PoolSimulation(scheduler_name, profile, pool_config, rng, router)
+    simulation = PoolSimulation(scheduler_name, profile, pool_config, rng, router, slo)
     simulation.add_arrivals(specs)
     simulation.run()
     return simulation.outcome()
@@ -191,15 +194,16 @@ def build_containers(
     profile: EngineProfile,
     pool_config: PoolConfig,
     rng: np.random.Generator,
+    slo: Slo | None = None,
 ) -> list[Container]:
-    """Cold containers with their own policy, engine stream and checkpoint caches (the
-    checkpoint placed in ``pool_config.initial_tier`` on every server)."""
+    """Cold containers with their own policy (given ``slo``), engine stream and checkpoint
+    caches (the checkpoint placed in ``pool_config.initial_tier`` on every server)."""
     containers = []
     for container_id, stream in enumerate(rng.spawn(pool_config.num_containers)):
         store = CheckpointStore(pool_config.host_cache_bytes, pool_config.ssd_cache_bytes)
         store.place(profile.name, profile.checkpoint_bytes, pool_config.initial_tier)
         loop = StepLoop(
-            build_policy(policy_name, profile),
+            build_policy(policy_name, profile, slo),
             SimEngine(profile, stream),
             record_steps=pool_config.record_steps,
         )

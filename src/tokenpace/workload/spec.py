@@ -30,3 +30,17 @@ def to_requests(specs: Sequence[RequestSpec]) -> list[Request]:
         )
         for i, s in enumerate(specs)
     ]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayWorkload:
+    """A fixed request list (a trace) under a name; every seed replays the same arrivals
+    (seeds still vary engine noise)."""
+
+    name: str
+    specs: tuple[RequestSpec, ...]
+
+    def generate(
+        self, rng: object = None, prompts: Sequence[str] | None = None
+    ) -> list[RequestSpec]:
+        return list(self.specs)
