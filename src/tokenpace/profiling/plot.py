@@ -58,7 +58,7 @@ def plot_fit(
         ax.plot(
             chunks,
             [eq2.l_min_ms + prefill_fit.chunk_ms(c, start) for c in chunks],
-            "-",
+            "x--",
             label=f"fit, context {start}",
         )
     ax.set_xlabel("prefill chunk (tokens)")
