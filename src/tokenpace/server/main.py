@@ -102,7 +102,12 @@ def build_server(
         engine_factory=factory,
         policy_factory=lambda profile: build_policy(options.scheduler, profile),
         profile_builder=lambda engine: calibrate_profile(
-            engine, clock, options.model_name, options.b0, options.mean_output_tokens
+            engine,
+            clock,
+            options.model_name,
+            options.b0,
+            options.mean_output_tokens,
+            options.max_model_len,
         ),
         clock=clock,
         metrics=metrics,

@@ -29,13 +29,16 @@ def calibrate_profile(
     name: str,
     b0: int,
     mean_output_tokens: float,
+    max_model_len: int,
 ) -> EngineProfile:
-    """Run a synthetic request (32 prompt tokens, 6 output tokens) alone on ``engine``
-    twice and return a profile with ``l_min_ms`` = the fastest decode step and
-    ``prefill_ms_per_token`` = prefill step / 32 of the second pass (milliseconds). The
-    engine holds no KV afterwards."""
-    _time_request(engine, clock)
-    latencies = _time_request(engine, clock)
+    """Run a synthetic request (32 prompt tokens, 6 output tokens, fewer when
+    ``max_model_len`` is smaller) alone on ``engine`` twice and return a profile with
+    ``l_min_ms`` = the fastest decode step and ``prefill_ms_per_token`` = prefill step per
+    prompt token of the second pass (milliseconds). The engine holds no KV afterwards."""
+    num_prompt = max(1, min(_WARMUP_PROMPT_TOKENS, max_model_len // 2))
+    num_output = max(1, min(_WARMUP_OUTPUT_TOKENS, max_model_len - num_prompt))
+    _time_request(engine, clock, num_prompt, num_output)
+    latencies = _time_request(engine, clock, num_prompt, num_output)
     prefill_s = latencies[0] if latencies else 0.0
     decode_s = min(latencies[1:]) if len(latencies) > 1 else prefill_s
     return EngineProfile(
@@ -44,7 +47,7 @@ def calibrate_profile(
         b0=b0,
         alpha_ms=0.0,
         r2=None,
-        prefill_ms_per_token=prefill_s * 1000.0 / _WARMUP_PROMPT_TOKENS,
+        prefill_ms_per_token=prefill_s * 1000.0 / num_prompt,
         prefill_attention_ms_per_kctx=0.0,
         mixed_prefill_overhead_ms=0.0,
         noise_cv=0.0,
@@ -56,13 +59,15 @@ def calibrate_profile(
     )
 
 
-def _time_request(engine: Engine, clock: Callable[[], float]) -> list[float]:
+def _time_request(
+    engine: Engine, clock: Callable[[], float], num_prompt: int, num_output: int
+) -> list[float]:
     """Step latencies (seconds) of one synthetic request run alone."""
     loop = StepLoop(FcfsPolicy(), engine, record_steps=False)
     request = Request(
         _WARMUP_REQUEST_ID,
-        _WARMUP_PROMPT_TOKENS,
-        _WARMUP_OUTPUT_TOKENS,
+        num_prompt,
+        num_output,
         clock(),
         sampling=SamplingParams(ignore_eos=True),
     )
