@@ -54,6 +54,8 @@ class Server:
 def native_engine_factory(options: ServeOptions) -> EngineFactory:
     """Each call loads the model from its cached safetensors tier (a real cold start)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # Spinning OpenMP workers starve the event loop and the other containers' threads.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from tokenpace.engine.native import NativeEngine, NativeEngineConfig
 
     config = NativeEngineConfig(

@@ -1,0 +1,70 @@
+"""Server parts that need no running server: text deltas, admission bounds, error bodies."""
+
+from __future__ import annotations
+
+import pytest
+
+from tokenpace.server.admission import AdmissionQueue, QueueBounds
+from tokenpace.server.errors import describe_validation
+
+
+class CharTokenizer:
+    """One token per character: token id = code point."""
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return "".join(chr(i) for i in ids)
+
+
+def push_all(text: str, stop: tuple[str, ...]) -> tuple[list[str], str]:
+    from tokenpace.server.detokenize import IncrementalText
+
+    inc = IncrementalText(CharTokenizer(), stop)
+    deltas = [inc.push(ord(c)) for c in text]
+    deltas.append(inc.finish())
+    return deltas, inc.text
+
+
+def test_deltas_concatenate_to_the_final_text() -> None:
+    deltas, text = push_all("hello world", ())
+    assert "".join(deltas) == text == "hello world"
+
+
+def test_stop_string_is_cut_and_its_prefix_held_back() -> None:
+    deltas, text = push_all("abc END tail", ("END",))
+    assert text == "abc "
+    assert "".join(deltas) == "abc "
+    # "E" and "EN" could start the stop string: nothing after "abc " leaves early.
+    assert all("E" not in d for d in deltas)
+
+
+def test_a_false_stop_prefix_is_released() -> None:
+    deltas, text = push_all("EXIT", ("END",))
+    assert text == "EXIT" and "".join(deltas) == "EXIT"
+
+
+def test_admission_bounds_requests_and_tokens() -> None:
+    queue = AdmissionQueue(QueueBounds(max_requests=2, max_tokens=100))
+    assert queue.try_reserve(1, 60)
+    assert not queue.try_reserve(2, 50)  # tokens
+    assert queue.try_reserve(3, 40)
+    assert not queue.try_reserve(4, 1)  # requests
+    queue.release(1)
+    queue.release(1)  # idempotent
+    assert queue.num_requests == 1 and queue.num_tokens == 40
+    assert queue.try_reserve(5, 60)
+
+
+@pytest.mark.parametrize(
+    ("errors", "param"),
+    [
+        ([{"type": "json_invalid", "loc": ("body", 3), "msg": "x"}], None),
+        ([{"type": "missing", "loc": ("body", "prompt"), "msg": "Field required"}], "prompt"),
+        ([{"type": "int_type", "loc": ("body", "max_tokens"), "msg": "bad"}], "max_tokens"),
+        ([{"type": "string_type", "loc": ("body", "stream", "bool"), "msg": "bad"}], "stream"),
+        ([{"type": "missing", "loc": ("body",), "msg": "Field required"}], None),
+    ],
+)
+def test_validation_errors_name_the_top_level_field(errors: list[dict], param: str | None) -> None:
+    message, got = describe_validation(errors)
+    assert got == param
+    assert message
