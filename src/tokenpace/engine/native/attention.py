@@ -3,9 +3,10 @@
 The unchanged model code runs one forward over a flattened batch (``[1, num_tokens]``): the
 first ``num_decode`` tokens are single-token chunks ordered by KV slot, the rest are prefill
 chunks laid end to end. Per layer, this function writes the new keys and values into the slot
-cache in place, then attends: decode tokens by grouped matrix products over the packed slot
-rows (the query heads that share a KV head form one small matrix), prefill chunks one by one
-with SDPA under a causal mask offset by the chunk's start position.
+cache in place, then attends: decode tokens by grouped products over the packed slot rows
+(the query heads that share a KV head are the rows of one small product against that head's
+keys, through the fused SDPA kernel, with no KV repeat), prefill chunks one by one with SDPA
+under a causal mask offset by the chunk's start position.
 """
 
 from __future__ import annotations
@@ -38,15 +39,16 @@ class StepLayout:
     """Where every flattened token of a step lives in the KV cache.
 
     Decode rows ``0 .. len(decode_slots) - 1`` write position ``decode_positions[i]`` of
-    slot ``decode_slots[i]`` (slots ascending). ``decode_bias`` is ``[num_span, max_len]``
-    with 0 where a key is visible and -inf elsewhere, for slots ``0 .. num_span - 1``;
+    slot ``decode_slots[i]`` (slots ascending). ``decode_visible`` is ``[num_span, max_len]``,
+    True where a key is visible, for slots ``0 .. num_span - 1`` (rows of slots that do not
+    decode this step keep one visible key so no row is fully masked);
     ``decode_is_dense`` says decode slots are exactly ``0 .. num_span - 1``.
     """
 
     cache: SlotKVCache
     decode_slots: torch.Tensor
     decode_positions: torch.Tensor
-    decode_bias: torch.Tensor
+    decode_visible: torch.Tensor
     decode_max_len: int
     decode_is_dense: bool
     prefills: tuple[PrefillSpan, ...]
@@ -104,11 +106,13 @@ def slot_attention(
 def _decode(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, layout: StepLayout, scale: float
 ) -> torch.Tensor:
-    """One query token per slot; ``q`` is ``[n, q_heads, dim]``. The ``[span, kv_heads,
-    max_len, dim]`` cache rows are a view, so the matmuls read KV in place."""
+    """One query token per slot; ``q`` is ``[n, q_heads, dim]``. The query heads sharing a
+    KV head form the rows of one small product against that head's ``[max_len, dim]`` keys
+    (no KV repeat); the ``[span, kv_heads, max_len, dim]`` cache rows are a view, so the
+    fused SDPA kernel reads KV in place."""
     n, num_q_heads, dim = q.shape
     num_kv_heads = keys.shape[1]
-    span = layout.decode_bias.shape[0]
+    span = layout.decode_visible.shape[0]
     grouped = q.view(n, num_kv_heads, num_q_heads // num_kv_heads, dim)
     if not layout.decode_is_dense:
         full = grouped.new_zeros(span, *grouped.shape[1:])
@@ -116,10 +120,8 @@ def _decode(
         grouped = full
     k = keys[:span, :, : layout.decode_max_len]
     v = values[:span, :, : layout.decode_max_len]
-    scores = torch.matmul(grouped, k.transpose(-1, -2)).float() * scale
-    scores = scores + layout.decode_bias[:, None, None, :]
-    probs = torch.softmax(scores, dim=-1).to(v.dtype)
-    out = torch.matmul(probs, v)  # [span, kv_heads, group, dim]
+    mask = layout.decode_visible[:, None, None, :]
+    out = F.scaled_dot_product_attention(grouped, k, v, attn_mask=mask, scale=scale)
     if not layout.decode_is_dense:
         out = out[layout.decode_slots]
     return out.reshape(n, num_q_heads, dim)

@@ -201,10 +201,10 @@ class NativeEngine:
         lengths = [c.request.num_computed_tokens + 1 for c in decode]
         span = slots[-1] + 1 if slots else 0
         max_len = max(lengths, default=0)
-        span_lengths = torch.zeros(span, dtype=torch.long)
+        # Slots that sit this step out still see one key: a fully masked row gives NaN.
+        span_lengths = torch.ones(span, dtype=torch.long)
         span_lengths[slots] = torch.tensor(lengths, dtype=torch.long)
         visible = torch.arange(max_len)[None, :] < span_lengths[:, None]
-        bias = torch.zeros(span, max_len).masked_fill_(~visible, float("-inf"))
         spans: list[PrefillSpan] = []
         row = len(decode)
         for chunk in prefill:
@@ -217,7 +217,7 @@ class NativeEngine:
             decode_positions=torch.tensor(
                 [n - 1 for n in lengths], dtype=torch.long, device=device
             ),
-            decode_bias=bias.to(device),
+            decode_visible=visible.to(device),
             decode_max_len=max_len,
             decode_is_dense=slots == list(range(span)),
             prefills=tuple(spans),
