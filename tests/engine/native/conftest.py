@@ -96,6 +96,7 @@ def make_engine(loaded: LoadedModel) -> Iterator[Callable[..., NativeEngine]]:
     """Build engines on the shared model; ``kv_cache_tokens`` etc. as keyword overrides."""
 
     def make(**overrides: Any) -> NativeEngine:
+        overrides.setdefault("dtype", "float32")
         config = NativeEngineConfig(
             cache_dir=CACHE_DIR, device="cpu", num_threads=NUM_THREADS, **overrides
         )

@@ -24,7 +24,9 @@ class NativeEngineConfig:
     cache_dir: Path | None = option(
         None, "Where converted checkpoints are cached (default: ~/.cache/tokenpace)."
     )
-    dtype: str = option("float32", "Weights and KV precision: float32, bfloat16 or float16.")
+    dtype: str = option(
+        "bfloat16", "Weights and KV precision: bfloat16, float16 or float32 (token-exact)."
+    )
     device: str = option("auto", "'auto' (CUDA when present, else CPU), 'cpu' or 'cuda[:N]'.")
     num_threads: int = option(2, "Torch intra-op threads on CPU (pinned at load).")
     block_size: int = option(16, "KV accounting block size (tokens).")
