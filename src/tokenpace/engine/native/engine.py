@@ -36,8 +36,8 @@ class NativeEngine:
     pass: every chunk's tokens, logits only at the last token of requests that complete
     this step, a sampled token for each of them, EOS / stop-string checks. ``latency_s`` is
     the wall time of the whole step on ``clock`` (seconds, device synchronised).
-    Requests need ``prompt_token_ids``, or a ``prompt`` the engine tokenizes, whose length is
-    ``num_prompt_tokens``; with neither, a deterministic synthetic prompt is used.
+    A request's prompt is its ``prompt_token_ids`` (length ``num_prompt_tokens``), else its
+    ``prompt`` text tokenized and fitted to ``num_prompt_tokens``, else synthetic ids.
     """
 
     def __init__(
@@ -241,18 +241,22 @@ class NativeEngine:
 
 
 def _ensure_prompt_ids(request: Request, tokenizer: Any) -> None:
+    """Give ``request`` prompt token ids of length ``num_prompt_tokens``: its own ids (which
+    must have that length), its tokenized prompt text cut or padded with synthetic ids to
+    that length (workloads count prompt tokens with their own tokenizer), or synthetic ids."""
+    n = request.num_prompt_tokens
     if request.prompt_token_ids is None:
-        if request.prompt is not None:
-            request.prompt_token_ids = list(tokenizer.encode(request.prompt))
-        else:
-            request.prompt_token_ids = [
-                _SYNTHETIC_FIRST_ID + (request.request_id * 7919 + i) % _SYNTHETIC_SPAN
-                for i in range(request.num_prompt_tokens)
-            ]
-    if len(request.prompt_token_ids) != request.num_prompt_tokens:
+        ids = list(tokenizer.encode(request.prompt)) if request.prompt is not None else []
+        ids = ids[:n]
+        ids += [
+            _SYNTHETIC_FIRST_ID + (request.request_id * 7919 + i) % _SYNTHETIC_SPAN
+            for i in range(len(ids), n)
+        ]
+        request.prompt_token_ids = ids
+    if len(request.prompt_token_ids) != n:
         raise ValueError(
             f"request {request.request_id}: prompt has {len(request.prompt_token_ids)} tokens, "
-            f"num_prompt_tokens says {request.num_prompt_tokens}"
+            f"num_prompt_tokens says {n}"
         )
 
 
