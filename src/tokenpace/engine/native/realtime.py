@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tokenpace.core.request import Request
+from tokenpace.core.sampling import SamplingParams
 from tokenpace.engine.base import Engine
 from tokenpace.policy.base import Policy
 from tokenpace.runtime.step_loop import StepLoop, StepRecord
@@ -33,14 +34,20 @@ def run_realtime(
     clock: Clock = time.perf_counter,
     sleep: Sleep = time.sleep,
     record_steps: bool = True,
+    sampling: SamplingParams | None = None,
 ) -> RealtimeOutcome:
     """Replay ``specs`` against ``engine`` driven by ``policy``. Times on the requests are
     seconds since the run's start on ``clock``: a request is queued at the first step
     boundary at or after its arrival (as a server picks up requests between steps), its
     tokens are stamped when their step ends. Idles with ``sleep`` until the next arrival
-    when nothing runs. Raises RuntimeError if the loop stalls with work left."""
+    when nothing runs. ``sampling`` (e.g. ``SamplingParams(ignore_eos=True)``, as the
+    simulator never stops early) applies to every request. Raises RuntimeError if the loop
+    stalls with work left."""
     loop = StepLoop(policy, engine, record_steps=record_steps)
     requests = sorted(to_requests(specs), key=lambda r: r.arrival_s)
+    if sampling is not None:
+        for request in requests:
+            request.sampling = sampling
     start = clock()
     next_arrival = 0
     while next_arrival < len(requests) or loop.has_work:
