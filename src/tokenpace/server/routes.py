@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
-from fastapi.sse import format_sse_event
+from fastapi.responses import JSONResponse
+from fastapi.sse import EventSourceResponse, format_sse_event
 
 from tokenpace.core.sampling import SamplingParams
 from tokenpace.server.detokenize import IncrementalText
@@ -94,7 +94,7 @@ def build_router(service: Service, config: RouteConfig) -> APIRouter:
     @router.post("/completions", response_model=None)
     async def completions(
         body: CompletionRequest, http: Request
-    ) -> JSONResponse | StreamingResponse:
+    ) -> JSONResponse | EventSourceResponse:
         check_model(body.model)
         prompt_ids = _prompt_ids(service, body.prompt)
         max_tokens = service.check_lengths(len(prompt_ids), body.max_tokens or 16, "prompt")
@@ -105,7 +105,7 @@ def build_router(service: Service, config: RouteConfig) -> APIRouter:
     @router.post("/chat/completions", response_model=None)
     async def chat_completions(
         body: ChatCompletionRequest, http: Request
-    ) -> JSONResponse | StreamingResponse:
+    ) -> JSONResponse | EventSourceResponse:
         check_model(body.model)
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         text = service.tokenizer.apply_chat_template(
@@ -140,13 +140,11 @@ async def _respond(
     body: _SamplingFields,
     info: ResponseMeta,
     http: Request,
-) -> JSONResponse | StreamingResponse:
+) -> JSONResponse | EventSourceResponse:
     text = IncrementalText(service.tokenizer, body.stop_strings())
     if body.stream:
         stream = _stream(service, submission, text, info, body.include_usage)
-        return StreamingResponse(
-            stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-        )
+        return EventSourceResponse(stream, headers={"Cache-Control": "no-cache"})
     return await _collect(service, config, submission, text, info, http)
 
 
