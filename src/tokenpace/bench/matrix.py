@@ -50,6 +50,7 @@ class MatrixConfig:
     prompts: tuple[str, ...] | None = None
     pool: PoolConfig | None = None
     router: str | None = None
+    per_workload_figures: bool = True
 
 
 @dataclass(frozen=True, slots=True)

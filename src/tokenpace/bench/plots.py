@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,28 @@ def twp_time_series(results: Sequence[CellResult], workload: str, out: Path) -> 
     axes[2].legend(fontsize=8)
     fig.suptitle(f"TWP control loop ({workload}, first seed)")
     return _save(fig, out / f"fig9_twp_time_series_{workload}.png")
+
+
+def goodput_vs_load(summary: Sequence[Mapping[str, Any]], out: Path) -> str | None:
+    """Goodput against offered load for workloads named ``load<factor>`` (goodput_curve)."""
+    points: dict[str, list[tuple[float, float, float]]] = {}
+    for entry in summary:
+        match = re.fullmatch(r"load([0-9.]+)", entry["workload"])
+        if match:
+            stat = entry["goodput_rps"]
+            ci = stat["ci95"] if stat["ci95"] == stat["ci95"] else 0.0
+            points.setdefault(entry["scheduler"], []).append((float(match[1]), stat["mean"], ci))
+    if not points:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for name, series in points.items():
+        series.sort()
+        xs, ys, cis = zip(*series, strict=True)
+        ax.errorbar(xs, ys, yerr=cis, label=name, marker="o", markersize=3, capsize=2)
+    ax.set(xlabel="offered load (x pool capacity)", ylabel="goodput (req/s)",
+           title="Goodput against load (both SLOs met)")  # fmt: skip
+    ax.legend(fontsize=8)
+    return _save(fig, out / "fig10_goodput_vs_load.png")
 
 
 def render_figures(

@@ -3,16 +3,25 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any, cast
 
-from tokenpace.bench.matrix import MatrixConfig
+from tokenpace.bench.matrix import MatrixConfig, WorkloadGenerator
 from tokenpace.core.registry import Registry
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.metrics.slo import Slo
 from tokenpace.policy import POLICIES
+from tokenpace.policy.twp_slo.policy import ABLATIONS
 from tokenpace.pool.config import PoolConfig
 from tokenpace.workload.main_experiment import PoissonWorkload
-from tokenpace.workload.scenarios import ScenarioConfig, scenario_workloads
+from tokenpace.workload.scenarios import (
+    SCENARIO_OUTPUT_LENGTHS,
+    SCENARIO_PROMPT_LENGTHS,
+    ScenarioConfig,
+    Workload,
+    scenario_capacity_rps,
+    scenario_workloads,
+)
 
 # The paper's single-server comparison (issue: main experiment) and the pool comparison,
 # which adds the two routing baselines.
@@ -85,3 +94,79 @@ def _scenarios(options: PlanOptions) -> list[MatrixConfig]:
 @PRESETS.register("all")
 def _all(options: PlanOptions) -> list[MatrixConfig]:
     return [main_part(options), scenarios_part(options)]
+
+
+SLO_SCHEDULERS = (*POOL_SCHEDULERS, "twp_slo")
+ABLATION_SCHEDULERS = ("twp", *ABLATIONS)
+LOAD_CURVE_FACTORS = (0.3, 0.5, 0.7, 0.9, 1.1, 1.3, 1.5)
+ALPHA_FACTORS = (0.4, 1.0, 2.0)
+
+
+def _renamed(workload: Workload, name: str) -> WorkloadGenerator:
+    renamed: WorkloadGenerator = replace(cast(Any, workload), name=name)
+    return renamed
+
+
+def _with_schedulers(part: MatrixConfig, names: tuple[str, ...]) -> MatrixConfig:
+    if part.runner == "sim":
+        names = tuple(n for n in names if n in POLICIES)
+    return replace(part, schedulers=names)
+
+
+@PRESETS.register("slo")
+def _slo(options: PlanOptions) -> list[MatrixConfig]:
+    """Every baseline, twp and twp_slo on the main experiment and the four scenarios."""
+    names = options.schedulers or SLO_SCHEDULERS
+    return [_with_schedulers(p, names) for p in (main_part(options), scenarios_part(options))]
+
+
+@PRESETS.register("ablations")
+def _ablations(options: PlanOptions) -> list[MatrixConfig]:
+    """twp_slo with each of its four changes switched off on its own, beside twp."""
+    names = options.schedulers or ABLATION_SCHEDULERS
+    return [_with_schedulers(p, names) for p in (main_part(options), scenarios_part(options))]
+
+
+@PRESETS.register("goodput_curve")
+def _goodput_curve(options: PlanOptions) -> list[MatrixConfig]:
+    """Poisson load from 0.3x to 1.5x of the pool's capacity (scenario length mixtures)."""
+    capacity = scenario_capacity_rps(options.profile, options.pool.num_containers)
+    workloads = tuple(
+        PoissonWorkload(
+            name=f"load{factor:g}",
+            rate_per_s=factor * capacity,
+            duration_s=options.scenario.duration_s,
+            max_requests=100_000,
+            prompt_lengths=SCENARIO_PROMPT_LENGTHS,
+            output_lengths=SCENARIO_OUTPUT_LENGTHS,
+        )
+        for factor in LOAD_CURVE_FACTORS
+    )
+    part = replace(
+        scenarios_part(options),
+        workloads=workloads,
+        schedulers=options.schedulers or SLO_SCHEDULERS,
+        per_workload_figures=False,
+    )
+    return [part]
+
+
+@PRESETS.register("alpha")
+def _alpha(options: PlanOptions) -> list[MatrixConfig]:
+    """Sensitivity to alpha: the high and burst scenarios with alpha x 0.4, 1 and 2."""
+    parts = []
+    for factor in ALPHA_FACTORS:
+        profile = replace(options.profile, alpha_ms=options.profile.alpha_ms * factor)
+        scenarios = scenario_workloads(profile, options.pool.num_containers, options.scenario)
+        workloads = tuple(
+            _renamed(scenarios[name], f"{name}@alpha{factor:g}x") for name in ("high", "burst")
+        )
+        parts.append(
+            replace(
+                scenarios_part(replace(options, profile=profile)),
+                workloads=workloads,
+                schedulers=options.schedulers or SLO_SCHEDULERS,
+                per_workload_figures=False,
+            )
+        )
+    return parts

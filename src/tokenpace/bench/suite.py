@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenpace.bench.matrix import CellSpec, MatrixConfig, cells, run_matrix
-from tokenpace.bench.plots import render_figures
+from tokenpace.bench.plots import goodput_vs_load, render_figures
 from tokenpace.bench.report import render_report
 from tokenpace.bench.results_files import write_requests_csv, write_results_json
 from tokenpace.metrics.aggregate import summarize
@@ -76,8 +76,12 @@ def run_bench(
     write_results_json(out_dir / "results.json", config_doc, runs, summary)
     write_requests_csv(out_dir / "requests.csv", results)
     figures: list[str] = []
-    for workload in dict.fromkeys(w.name for part in parts for w in part.workloads):
+    detailed = [w.name for p in parts if p.per_workload_figures for w in p.workloads]
+    for workload in dict.fromkeys(detailed):
         figures += render_figures(results, summary, workload, out_dir)
+    curve = goodput_vs_load(summary, out_dir)
+    if curve:
+        figures.append(curve)
     (out_dir / "report.md").write_text(render_report(document, figures, notes))
     return BenchOutcome(document, out_dir, figures)
 
