@@ -282,6 +282,64 @@ def bench(
     )
 
 
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
+)
+def serve(ctx: typer.Context) -> None:
+    """OpenAI-compatible streaming server over real engines with TWP in charge (default:
+    the native engine with the embedded SmolLM2 on 127.0.0.1:8000). `tokenpace serve --help`
+    lists every flag."""
+    from tokenpace.server.cli_args import parse_options
+    from tokenpace.server.main import serve as run_server
+
+    try:
+        run_server(parse_options(list(ctx.args)))
+    except (ValueError, FileNotFoundError) as error:
+        fail(str(error))
+
+
+@app.command()
+def profile(
+    engine: Annotated[str, typer.Option(help="Engine to profile: native.")] = "native",
+    out: Annotated[
+        Path, typer.Option(help="Profile JSON to write (PNG of the fit beside it).")
+    ] = Path("build/profiles/native.json"),
+    dtype: Annotated[
+        str, typer.Option(help="Weights/KV precision: float32 or bfloat16.")
+    ] = "bfloat16",
+    model: Annotated[
+        str, typer.Option(help="'smollm2' (embedded) or a local Hugging Face model directory.")
+    ] = "smollm2",
+    skip_checkpoints: Annotated[
+        bool, typer.Option(help="Do not time checkpoint loads per tier (saves ~20 s).")
+    ] = False,
+) -> None:
+    """The offline profiling sweep: decode step time over batch sizes and context lengths,
+    prefill over chunk sizes, mixed steps, KV capacity and checkpoint load time per tier;
+    fits l_min, B0 and alpha (Eq. 2) and writes a profile the simulator reads."""
+    if engine != "native":
+        fail(f"cannot profile engine {engine!r}; valid choices: native")
+    try:
+        from tokenpace.engine.native import NativeEngineConfig
+        from tokenpace.profiling import run_profile
+    except ImportError as error:
+        fail(f"the native engine needs `scripts/setup.sh native` ({error})")
+    try:
+        config = NativeEngineConfig(model=model, dtype=dtype)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        result = run_profile(
+            engine, out, engine_config=config, measure_checkpoints=not skip_checkpoints,
+            log=lambda message: print(message, file=sys.stderr),
+        )  # fmt: skip
+    except (ValueError, FileNotFoundError) as error:
+        fail(str(error))
+    print(
+        f"wrote {out}: l_min {result.l_min_ms:.1f} ms, b0 {result.b0}, "
+        f"alpha {result.alpha_ms:.2f} ms, r2 {result.r2}"
+    )
+
+
 @app.command()
 def version() -> None:
     """Print the version."""

@@ -23,6 +23,10 @@ def _parser_for(annotation: Any) -> Any:
     return hint
 
 
+# Short spellings users expect beside the field-derived flags.
+_ALIASES = {"keep_alive_s": ("--keep-alive",)}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tokenpace serve",
@@ -33,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
         help_text = f"{f.metadata.get('help', '')} (default: {default})"
         parser.add_argument(
             "--" + f.name.replace("_", "-"),
+            *_ALIASES.get(f.name, ()),
             dest=f.name,
             type=_parser_for(f.type),
             default=default,
