@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from dataclasses import replace
@@ -13,8 +14,16 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from tokenpace.bench.cpu_scale import cpu_workloads, main_load_factor
+from tokenpace.bench.fidelity import measure_fidelity
 from tokenpace.bench.matrix import MatrixConfig
-from tokenpace.bench.presets import POOL_SCHEDULERS, PRESETS, PlanOptions
+from tokenpace.bench.presets import (
+    MAIN_SCHEDULERS,
+    POOL_SCHEDULERS,
+    PRESETS,
+    ROUTING_BASELINES,
+    PlanOptions,
+)
 from tokenpace.bench.suite import num_cells, run_bench
 from tokenpace.engine.profile import EngineProfile, load_profile
 from tokenpace.metrics.slo import Slo
@@ -23,9 +32,14 @@ from tokenpace.pool.config import PoolConfig
 from tokenpace.pool.router import ROUTERS
 from tokenpace.pool.simulate import scheduler_names
 from tokenpace.workload.gsm8k import load_prompts
+from tokenpace.workload.main_experiment import PoissonWorkload
 from tokenpace.workload.scenarios import ScenarioConfig, scenario_capacity_rps
 from tokenpace.workload.spec import ReplayWorkload
 from tokenpace.workload.traces import TRACE_FORMATS, TraceOptions, load_trace, time_scale_for_rate
+
+DEFAULT_PROFILE = "v100-llama-3.2-3b"
+ENGINES = ("sim", "native")
+NATIVE_PROFILE_PATH = Path("build/profiles/native-smollm2-bfloat16-cpu.json")
 
 app = typer.Typer(
     add_completion=False,
@@ -172,8 +186,19 @@ def bench(
     ] = None,
     seed: Annotated[int, typer.Option(help="First seed; seeds are seed..seed+N-1.")] = 0,
     profile: Annotated[
-        str, typer.Option(help="Shipped profile name or path to a profile JSON.")
-    ] = "v100-llama-3.2-3b",
+        str | None,
+        typer.Option(
+            help="Shipped profile name or profile JSON (default: v100-llama-3.2-3b; with "
+            "--engine native the engine's fitted profile, profiled once and cached)."
+        ),
+    ] = None,
+    engine: Annotated[
+        str, typer.Option(help="sim (simulator) or native (real model, CPU-sized preset).")
+    ] = "sim",
+    fidelity: Annotated[
+        bool,
+        typer.Option(help="With --engine native: same workload on engine and simulator, errors."),
+    ] = False,
     slo_ttft_ms: Annotated[float, typer.Option(help="TTFT SLO for goodput (ms).")] = 2000.0,
     slo_tpot_ms: Annotated[float, typer.Option(help="TPOT SLO for goodput (ms).")] = 100.0,
     out: Annotated[Path, typer.Option(help="Output directory.")] = Path("results/main"),
@@ -229,14 +254,23 @@ def bench(
     if router is not None and router not in ROUTERS:
         fail(f"unknown router {router!r}; valid choices: {', '.join(ROUTERS.names())}")
     names = parse_schedulers(schedulers) if schedulers is not None else None
-    engine_profile = resolve_profile(profile)
+    if engine not in ENGINES:
+        fail(f"unknown engine {engine!r}; valid choices: {', '.join(ENGINES)}")
+    if fidelity and engine == "sim":
+        fail("--fidelity compares a real engine with the simulator: add --engine native")
+    if profile is not None:
+        engine_profile = resolve_profile(profile)
+    elif engine == "native":
+        engine_profile = cached_native_profile()
+    else:
+        engine_profile = resolve_profile(DEFAULT_PROFILE)
     prompt_texts = None
     if prompts is not None:
         try:
             prompt_texts = tuple(load_prompts(prompts))
         except (FileNotFoundError, ValueError) as error:
             fail(f"--prompts: {error}")
-    num_seeds = seeds if seeds is not None else (1 if trace is not None else 10)
+    num_seeds = seeds if seeds is not None else (10 if trace is None and engine == "sim" else 1)
     plan = PlanOptions(
         schedulers=names,
         seeds=tuple(range(seed, seed + num_seeds)),
@@ -248,7 +282,26 @@ def bench(
         scenario=ScenarioConfig(duration_s=scenario_duration),
     )
     notes: list[str] = []
-    if trace is not None:
+    if engine != "sim":
+        reference = resolve_profile(DEFAULT_PROFILE)
+        workloads = cpu_workloads(engine_profile, reference)
+        if fidelity:
+            run_fidelity(engine, (names or ("twp",))[0], workloads[0], seed, engine_profile, plan)
+            return
+        parts = [
+            MatrixConfig(
+                schedulers=tuple(n for n in names or MAIN_SCHEDULERS if n not in ROUTING_BASELINES),
+                workloads=workloads, seeds=plan.seeds, profile=engine_profile, slo=plan.slo,
+                runner=engine, engine=engine, prompts=prompt_texts,
+            )
+        ]  # fmt: skip
+        workers = 1  # a real engine owns the machine's cores
+        notes.append(
+            f"Engine `{engine}` at CPU scale: `main` runs the paper's mixtures at the same "
+            f"multiple of capacity as 18 req/s on {reference.name} "
+            f"({main_load_factor(reference):.2f}x), `high` at 1.2x capacity, 60 requests each."
+        )
+    elif trace is not None:
         try:
             options = TraceOptions(
                 time_scale=trace_speedup or 1.0, start_s=trace_start, end_s=trace_end,
@@ -280,6 +333,35 @@ def bench(
         f"wrote {out}/results.json, requests.csv, report.md and {len(outcome.figures)} figures "
         f"in {time.monotonic() - started:.1f} s"
     )
+
+
+def cached_native_profile() -> EngineProfile:
+    """The native engine's fitted profile under build/profiles, profiled on first use."""
+    path = NATIVE_PROFILE_PATH
+    if not path.is_file():
+        print(f"profiling the native engine once into {path} (a minute or two)", file=sys.stderr)
+        try:
+            from tokenpace.profiling import run_profile
+        except ImportError as error:
+            fail(f"the native engine needs `scripts/setup.sh native` ({error})")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        run_profile("native", path, log=lambda message: print(message, file=sys.stderr))
+    return resolve_profile(str(path))
+
+
+def run_fidelity(
+    engine: str, scheduler: str, workload: PoissonWorkload, seed: int,
+    engine_profile: EngineProfile, plan: PlanOptions,
+) -> None:  # fmt: skip
+    """Print the fidelity table; the last line is one JSON object."""
+    result = measure_fidelity(engine, scheduler, workload, seed, engine_profile, plan.slo)
+    for name, error in result.relative_error.items():
+        print(f"{name}: {100 * error:+.1f}%", file=sys.stderr)
+    print(json.dumps({
+        "engine": engine, "scheduler": scheduler, "workload": workload.name, "seed": seed,
+        "profile": engine_profile.name, "n_requests": result.real["n_requests"],
+        "relative_error": {k: round(v, 4) for k, v in result.relative_error.items()},
+    }))  # fmt: skip
 
 
 @app.command(

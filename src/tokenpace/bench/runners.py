@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -78,4 +79,24 @@ def run_pool(run: RunRequest) -> RunOutput:
             "num_cold_starts": float(outcome.num_cold_starts),
             "num_migrations": float(outcome.num_migrations),
         },
+    )
+
+
+@RUNNERS.register("native")
+def run_native(run: RunRequest) -> RunOutput:
+    """The native engine in wall-clock time, one server; the policy is built from
+    ``run.profile`` (the engine's fitted profile). Requests never stop early
+    (``ignore_eos``), as in the simulator, so both see the same token counts."""
+    from tokenpace.core.sampling import SamplingParams
+    from tokenpace.engine.native import NativeEngine, NativeEngineConfig
+    from tokenpace.engine.native.realtime import run_realtime
+
+    engine = NativeEngine.load(NativeEngineConfig(), clock=time.perf_counter, rng=run.rng)
+    policy = build_policy(run.scheduler, run.profile, run.slo)
+    outcome = run_realtime(
+        run.specs, policy, engine, record_steps=run.record_steps,
+        sampling=SamplingParams(ignore_eos=True),
+    )  # fmt: skip
+    return RunOutput(
+        outcome.requests, {0: outcome.steps}, {"num_preemptions": _preemptions(outcome.requests)}
     )
