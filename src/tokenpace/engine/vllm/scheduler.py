@@ -80,6 +80,7 @@ class TokenpaceScheduler(Scheduler):  # type: ignore[misc]
         self.timer = StepTimer()
         self.step_index = 0
         self._num_withheld = 0
+        self._preempted_ids: list[str] = []
         self._default_long_prefill = self.scheduler_config.long_prefill_token_threshold
         profile = engine_profile(settings.profile, self.block_size, self.num_total_blocks)
         self.tokenpace_policy: Policy = make_policy(settings.policy, profile)
@@ -145,16 +146,17 @@ class TokenpaceScheduler(Scheduler):  # type: ignore[misc]
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         now = self.clock()
+        self._mirror_preemptions()
         state = self._snapshot(now)
         num_waiting = len(state.waiting)
         plan = self.tokenpace_policy.plan(state)
         liveness = self._liveness_ids(plan, state)
         chosen = self._chosen_requests((*plan.admit_ids, *liveness))
-        output, started, preempted = self._schedule_only(chosen, args, kwargs)
+        output, started, num_preempted = self._schedule_only(chosen, args, kwargs)
         admitted = self.mirror.admit([r.request_id for r in started], now)
-        self.mirror.preempt([r.request_id for r in preempted], self.step_index)
+        self._mirror_preemptions()
         self.timer.scheduled(now, output.total_num_scheduled_tokens)
-        self._record(now, state, num_waiting, plan, liveness, admitted, output, len(preempted))
+        self._record(now, state, num_waiting, plan, liveness, admitted, output, num_preempted)
         self.step_index += 1
         return output
 
@@ -179,6 +181,12 @@ class TokenpaceScheduler(Scheduler):  # type: ignore[misc]
             self.mirror.finish(request.request_id, now, _finish_reason(finished_status))
         return finished
 
+    def _preempt_request(self, request: Any, *args: Any, **kwargs: Any) -> None:
+        # vLLM preempts inside schedule() and also outside it (prefix-cache reset); either
+        # way the mirror must learn of it or the request would never be offered again.
+        super()._preempt_request(request, *args, **kwargs)
+        self._preempted_ids.append(request.request_id)
+
     def shutdown(self) -> None:
         self.step_log.close()
         super().shutdown()
@@ -197,6 +205,13 @@ class TokenpaceScheduler(Scheduler):  # type: ignore[misc]
             num_total_blocks=self.num_total_blocks,
             block_size=self.block_size,
         )
+
+    def _mirror_preemptions(self) -> None:
+        """Move requests preempted since the last call to the front of the mirrored queue,
+        in vLLM's order (each preemption goes in front of the previous one)."""
+        if self._preempted_ids:
+            self.mirror.preempt(self._preempted_ids[::-1], self.step_index)
+            self._preempted_ids.clear()
 
     def _liveness_ids(self, plan: StepPlan, state: StepState) -> tuple[int, ...]:
         if plan.admit_ids or self.running or self.kv_holding_waiting or not len(state.waiting):
@@ -227,12 +242,13 @@ class TokenpaceScheduler(Scheduler):  # type: ignore[misc]
 
     def _schedule_only(
         self, chosen: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[Any, list[Any], list[Any]]:
+    ) -> tuple[Any, list[Any], int]:
         """Run vLLM's ``schedule`` with a waiting queue holding only ``chosen`` (in order).
 
-        Returns the scheduler output, the chosen requests vLLM started, and the requests it
-        preempted during the pass (in the order it queued them). vLLM's real waiting queue
-        is restored afterwards, without the started requests, with the preempted at its front.
+        Returns the scheduler output, the chosen requests vLLM started, and the number of
+        requests it preempted during the pass. vLLM's real waiting queue is restored
+        afterwards, without the started requests, with the preempted at its front in the
+        order vLLM queued them.
         """
         withheld: Any = self.waiting
         staged: Any = FCFSRequestQueue(chosen)
@@ -251,7 +267,7 @@ class TokenpaceScheduler(Scheduler):  # type: ignore[misc]
                 withheld.remove_requests(started)
             if preempted:
                 withheld.prepend_requests(reversed(preempted))
-        return output, started, preempted
+        return output, started, len(preempted)
 
     def _record(
         self,

@@ -35,12 +35,12 @@ def measure_throughput(
     clock: Callable[[], float] = time.monotonic,
 ) -> list[ThroughputPoint]:
     """Tokens/s of ``llm`` (started by ``runner.start_engine``) at each batch size, with the
-    ``fcfs`` policy so the whole batch runs at once (``max_num_seqs`` must allow it). A short
-    warm-up run comes first."""
-    warmup = [RequestSpec(0.0, prompt_tokens, 4)]
-    run_workload(llm, warmup, "fcfs", clock=clock)
+    ``fcfs`` policy so the whole batch runs at once (``max_num_seqs`` must allow it). Each
+    batch size gets a short warm-up run first (a compiled engine specialises per shape)."""
     points = []
     for batch_size in batch_sizes:
+        warmup = [RequestSpec(0.0, prompt_tokens, 4) for _ in range(batch_size)]
+        run_workload(llm, warmup, "fcfs", clock=clock)
         specs = [RequestSpec(0.0, prompt_tokens, output_tokens) for _ in range(batch_size)]
         run = run_workload(llm, specs, "fcfs", clock=clock)
         produced = sum(r.num_output_tokens for r in run.requests)
