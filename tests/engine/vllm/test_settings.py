@@ -77,3 +77,13 @@ def test_engine_config_validates_and_names_the_scheduler() -> None:
         VllmEngineConfig(model="/m", dtype="int4")
     with pytest.raises(ValueError, match="model"):
         VllmEngineConfig()
+
+
+def test_slo_from_the_environment() -> None:
+    settings = SchedulerSettings.from_env(
+        {"TOKENPACE_SLO_TTFT_MS": "500", "TOKENPACE_SLO_TPOT_MS": ""}
+    )
+    assert settings.slo.ttft_ms == 500.0
+    assert settings.slo.tpot_ms == 100.0
+    with pytest.raises(ValueError, match="TOKENPACE_SLO_TPOT_MS"):
+        SchedulerSettings.from_env({"TOKENPACE_SLO_TPOT_MS": "fast"})

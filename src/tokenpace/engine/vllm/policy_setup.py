@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tokenpace.engine.profile import EngineProfile, load_profile
+from tokenpace.metrics.slo import Slo
 from tokenpace.policy import Policy, build_policy
 from tokenpace.policy.common import UNCHUNKED
 
@@ -15,9 +16,10 @@ def engine_profile(profile: str, block_size: int, num_blocks: int) -> EngineProf
     return replace(load_profile(profile), block_size=block_size, num_gpu_blocks=num_blocks)
 
 
-def make_policy(name: str, profile: EngineProfile) -> Policy:
-    """The registered policy ``name`` with its defaults for ``profile``."""
-    return build_policy(name, profile)
+def make_policy(name: str, profile: EngineProfile, slo: Slo | None = None) -> Policy:
+    """The registered policy ``name`` with its defaults for ``profile`` (and ``slo``, which
+    only SLO-targeted policies read)."""
+    return build_policy(name, profile, slo)
 
 
 def prefill_chunk_tokens(policy: Policy) -> int | None:

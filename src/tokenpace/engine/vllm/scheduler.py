@@ -83,7 +83,7 @@ class TokenpaceScheduler(Scheduler):  # type: ignore[misc]
         self._preempted_ids: list[str] = []
         self._default_long_prefill = self.scheduler_config.long_prefill_token_threshold
         profile = engine_profile(settings.profile, self.block_size, self.num_total_blocks)
-        self.tokenpace_policy: Policy = make_policy(settings.policy, profile)
+        self.tokenpace_policy: Policy = make_policy(settings.policy, profile, settings.slo)
         self._apply_chunking()
         logger.info(
             "tokenpace scheduler: policy %s, profile %s, %d KV blocks of %d tokens, "
@@ -111,7 +111,7 @@ class TokenpaceScheduler(Scheduler):  # type: ignore[misc]
         profile) from the next step on, re-mapping its prefill chunk; returns it."""
         if isinstance(policy, str):
             profile = engine_profile(self.settings.profile, self.block_size, self.num_total_blocks)
-            policy = make_policy(policy, profile)
+            policy = make_policy(policy, profile, self.settings.slo)
         self.tokenpace_policy = policy
         self._apply_chunking()
         return policy
