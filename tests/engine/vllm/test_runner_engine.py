@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from tokenpace.core.request import RequestStatus
+from tokenpace.engine.profile import load_profile
 from tokenpace.metrics.request_metrics import latencies
 from tokenpace.metrics.slo import Slo
 from tokenpace.workload.spec import RequestSpec
@@ -16,7 +17,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
 def test_workload_respects_arrivals_and_stamps_every_token(vllm_llm: Any) -> None:
-    from tokenpace.engine.vllm.runner import run_workload
+    from tokenpace.engine.vllm.runner import policy_for, run_workload
 
     specs = [
         RequestSpec(0.0, 24, 12),
@@ -26,7 +27,8 @@ def test_workload_respects_arrivals_and_stamps_every_token(vllm_llm: Any) -> Non
         RequestSpec(0.9, 8, 6),
         RequestSpec(1.2, 32, 12),
     ]
-    run = run_workload(vllm_llm, specs, "twp")
+    policy = policy_for(vllm_llm, "twp", load_profile("v100-llama-3.2-3b"))
+    run = run_workload(vllm_llm, specs, policy)
     assert run.wall_s >= 1.2 and run.steps
     for spec, request in zip(specs, run.requests, strict=True):
         assert request.status is RequestStatus.FINISHED
@@ -41,6 +43,14 @@ def test_workload_respects_arrivals_and_stamps_every_token(vllm_llm: Any) -> Non
     assert run.requests[3].num_prompt_tokens == 64
     measured = latencies(run.requests, Slo())
     assert len(measured.ttft_ms) == len(specs) and (measured.itl_ms > 0).all()
+    # Step records in the step loop's format: every output token was a decode or ended a
+    # prefill, and times run from the workload's start.
+    steps = run.step_records()
+    assert len(steps) == len(run.steps)
+    assert steps[0].start_s >= 0 and all(s.latency_s >= 0 for s in steps)
+    assert sum(s.num_admitted for s in steps) == len(specs)
+    num_tokens = sum(s.num_decode_tokens + s.num_prefill_tokens for s in steps)
+    assert num_tokens == sum(r.num_scheduled_tokens for r in run.steps)
 
 
 def test_throughput_at_two_batch_sizes(vllm_llm: Any) -> None:

@@ -26,6 +26,7 @@ def _record(step: int) -> SchedulerStepRecord:
         token_load_after=42.0,
         forced_load=0.0,
         num_scheduled_tokens=65,
+        num_decode_tokens=1,
         num_preempted=0,
         telemetry={"token_window": 400.0},
     )

@@ -11,15 +11,18 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from tokenpace.core.request import FinishReason, Request, RequestStatus
+from tokenpace.engine.profile import EngineProfile
 from tokenpace.engine.vllm.config import VllmEngineConfig, local_environment
 from tokenpace.engine.vllm.settings import ENV_POLICY, ENV_PROFILE
 from tokenpace.engine.vllm.step_log import SchedulerStepRecord
-from tokenpace.policy import Policy
+from tokenpace.metrics.slo import Slo
+from tokenpace.policy import Policy, build_policy
+from tokenpace.runtime.step_loop import StepRecord
 from tokenpace.workload.spec import RequestSpec, to_requests
 
 _FINISH = {"length": FinishReason.LENGTH, "stop": FinishReason.STOP, "abort": FinishReason.ABORT}
@@ -34,6 +37,45 @@ class WorkloadRun:
     requests: list[Request]
     steps: list[SchedulerStepRecord]
     wall_s: float
+    start_s: float = 0.0
+
+    def step_records(self) -> list[StepRecord]:
+        """The steps in the format of tokenpace's own step loop (for results and figures).
+        Times are seconds from the run's start; a step's latency is the one measured when
+        the next step was planned (the last step's is unknown: 0)."""
+        records = []
+        for i, step in enumerate(self.steps):
+            following = self.steps[i + 1] if i + 1 < len(self.steps) else None
+            latency = following.last_step_latency_s if following is not None else None
+            records.append(
+                StepRecord(
+                    step_index=step.step_index,
+                    start_s=step.start_s - self.start_s,
+                    latency_s=latency or 0.0,
+                    num_running=step.num_running + len(step.admitted_ids),
+                    num_waiting=step.num_waiting - len(step.admitted_ids),
+                    num_decode_tokens=step.num_decode_tokens,
+                    num_prefill_tokens=step.num_scheduled_tokens - step.num_decode_tokens,
+                    num_admitted=len(step.admitted_ids),
+                    num_forced=len(step.forced_ids),
+                    num_preempted=step.num_preempted,
+                    num_used_blocks=step.num_total_blocks - step.num_free_blocks,
+                    telemetry=step.telemetry,
+                )
+            )
+        return records
+
+
+def policy_for(llm: Any, name: str, profile: EngineProfile, slo: Slo | None = None) -> Policy:
+    """The registered policy ``name`` for ``profile`` (e.g. the engine's fitted one) with the
+    KV facts of ``llm``'s live cache, ready for ``run_workload``."""
+    from tokenpace.engine.vllm.scheduler import scheduler_of
+
+    scheduler = scheduler_of(llm)
+    sized = replace(
+        profile, block_size=scheduler.block_size, num_gpu_blocks=scheduler.num_total_blocks
+    )
+    return build_policy(name, sized, slo)
 
 
 def start_engine(
@@ -127,7 +169,7 @@ def run_workload(
             request = by_engine_id.get(output.request_id) or by_internal_id[output.request_id]
             _deliver(request, output, stamp)
     wall = clock() - start
-    return WorkloadRun(requests, records_since(scheduler, first_step), wall)
+    return WorkloadRun(requests, records_since(scheduler, first_step), wall, start)
 
 
 def _note_admissions(scheduler: Any, by_internal_id: dict[str, Request], start: float) -> None:

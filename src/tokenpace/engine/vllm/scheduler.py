@@ -304,6 +304,7 @@ class TokenpaceScheduler(Scheduler):  # type: ignore[misc]
                 token_load_after=load_before + load_added,
                 forced_load=forced_load,
                 num_scheduled_tokens=int(output.total_num_scheduled_tokens),
+                num_decode_tokens=sum(1 for n in output.num_scheduled_tokens.values() if n == 1),
                 num_preempted=num_preempted,
                 telemetry=telemetry,
             )

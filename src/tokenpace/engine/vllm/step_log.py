@@ -22,6 +22,8 @@ class SchedulerStepRecord:
     ``token_load_before`` over the running batch, ``token_load_after`` with the admitted
     requests added, ``forced_load`` the part contributed by force-admitted ones.
     ``token_window`` is the policy's window when it has one (TWP), else None.
+    ``num_decode_tokens`` counts the scheduled requests computing a single token (decodes);
+    the rest of ``num_scheduled_tokens`` are prefill tokens.
     """
 
     step_index: int
@@ -40,6 +42,7 @@ class SchedulerStepRecord:
     token_load_after: float
     forced_load: float
     num_scheduled_tokens: int
+    num_decode_tokens: int
     num_preempted: int
     telemetry: Mapping[str, float]
 
