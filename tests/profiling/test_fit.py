@@ -49,3 +49,19 @@ def test_prefill_fit_matches_the_simulator_latency_model() -> None:
     assert fit.ms_per_token == pytest.approx(profile.prefill_ms_per_token)
     assert fit.attention_ms_per_kctx == pytest.approx(profile.prefill_attention_ms_per_kctx)
     assert fit.mixed_overhead_ms == pytest.approx(profile.mixed_prefill_overhead_ms)
+
+
+def test_decode_attention_term_is_recovered_and_removed() -> None:
+    from tokenpace.profiling.fit import fit_decode_attention, without_context
+    from tokenpace.profiling.points import DecodePoint
+
+    # step = 40 + 2 * B + 8 ms per request per 1k context
+    points = [
+        DecodePoint(b, ctx, 40 + 2 * b + 8 * b * ctx / 1000, 0.0)
+        for b in (1, 16)
+        for ctx in (128, 512, 1024)
+    ]
+    assert fit_decode_attention(points) == pytest.approx(8.0)
+    flat = without_context(points, 8.0)
+    assert [p.step_ms for p in flat if p.batch_size == 16] == pytest.approx([72.0] * 3)
+    assert fit_decode_attention(points[:1]) == 0.0

@@ -34,13 +34,17 @@ class LatencyModel:
         per_token = p.prefill_ms_per_token + p.prefill_attention_ms_per_kctx * mean_context / 1000
         return chunk.num_tokens * per_token
 
-    def step_s(self, num_decode: int, prefill_chunks: list[PrefillChunk]) -> float:
+    def step_s(
+        self, num_decode: int, prefill_chunks: list[PrefillChunk], decode_context_tokens: int = 0
+    ) -> float:
         """A step always pays the weight-read floor (decode_ms of its decode batch, l_min when
-        only prefill runs); prefill chunks add their cost, plus the mixing overhead when they
-        share the step with decode tokens."""
+        only prefill runs) plus the decode attention term over ``decode_context_tokens`` (the
+        summed context of the decoding requests); prefill chunks add their cost, plus the
+        mixing overhead when they share the step with decode tokens."""
         if num_decode == 0 and not prefill_chunks:
             return 0.0
         ms = self.decode_ms(num_decode)
+        ms += self.profile.decode_attention_ms_per_kctx * decode_context_tokens / 1000
         if prefill_chunks:
             ms += sum(self.prefill_ms(c) for c in prefill_chunks)
             if num_decode > 0:

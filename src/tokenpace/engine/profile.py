@@ -29,6 +29,8 @@ class EngineProfile:
     Prefill: ``prefill_ms_per_token`` per prompt token plus ``prefill_attention_ms_per_kctx``
     per token per 1,000 tokens of context already in the cache (the attention term), plus
     ``mixed_prefill_overhead_ms`` once when a prefill chunk rides in a decode step.
+    ``decode_attention_ms_per_kctx``: extra decode cost per request per 1,000 tokens of its
+    context (0 keeps the paper's Eq. 2, which ignores context).
     ``noise_cv``: coefficient of variation of multiplicative step-time noise.
     """
 
@@ -45,6 +47,7 @@ class EngineProfile:
     num_gpu_blocks: int
     checkpoint_bytes: int
     engine_init_s: float = 0.0
+    decode_attention_ms_per_kctx: float = 0.0
     checkpoint_tiers: tuple[CheckpointTier, ...] = ()
     mean_output_tokens: float = 50.0
     notes: dict[str, str] = field(default_factory=dict)

@@ -48,6 +48,7 @@ class SimEngine:
 
     def execute(self, chunks: Sequence[ScheduledChunk]) -> StepResult:
         num_decode = 0
+        decode_context = 0
         prefill: list[PrefillChunk] = []
         sampled: dict[int, int] = {}
         for chunk in chunks:
@@ -62,10 +63,11 @@ class SimEngine:
                 prefill.append(PrefillChunk(chunk.num_tokens, request.num_computed_tokens))
             else:
                 num_decode += 1
+                decode_context += request.num_computed_tokens
             request.num_computed_tokens += chunk.num_tokens
             if request.num_computed_tokens == request.num_tokens:
                 sampled[request.request_id] = SIM_TOKEN_ID
-        latency = self._latency.step_s(num_decode, prefill)
+        latency = self._latency.step_s(num_decode, prefill, decode_context)
         if self.profile.noise_cv > 0 and latency > 0:
             factor = 1.0 + self.profile.noise_cv * float(self._rng.standard_normal())
             latency *= max(_MIN_NOISE_FACTOR, factor)

@@ -65,6 +65,31 @@ def fit_eq2(points: Sequence[DecodePoint]) -> Eq2Fit:
     return best
 
 
+def fit_decode_attention(points: Sequence[DecodePoint]) -> float:
+    """Decode cost per request per 1,000 context tokens (ms), from steps timed at several
+    context lengths: least squares of ``step_ms = c_B + d * B * context / 1000`` with one
+    intercept per batch size. Clamped at 0; 0 when fewer than two contexts were timed."""
+    sizes = sorted({p.batch_size for p in points})
+    if len({p.context for p in points}) < 2 or not sizes:
+        return 0.0
+    rows = []
+    for p in points:
+        row = [1.0 if p.batch_size == size else 0.0 for size in sizes]
+        rows.append([*row, p.batch_size * p.context / 1000])
+    ms = np.array([p.step_ms for p in points], dtype=float)
+    solution, *_ = np.linalg.lstsq(np.array(rows), ms, rcond=None)
+    return max(0.0, float(solution[-1]))
+
+
+def without_context(points: Sequence[DecodePoint], per_kctx_ms: float) -> list[DecodePoint]:
+    """Decode points with the context term removed, so Eq. 2 fits batch size alone."""
+    return [
+        DecodePoint(p.batch_size, p.context,
+                    p.step_ms - per_kctx_ms * p.batch_size * p.context / 1000, p.cv)
+        for p in points
+    ]  # fmt: skip
+
+
 def fit_prefill(points: Sequence[PrefillPoint], l_min_ms: float, mixed: MixedPoint) -> PrefillFit:
     """Least squares of ``step_ms - l_min_ms = p * C + a * C * mean_context / 1000`` over
     prefill-only steps (a prefill-only step pays the weight-read floor l_min, as the

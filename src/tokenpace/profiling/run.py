@@ -10,7 +10,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tokenpace.engine.profile import CheckpointTier, EngineProfile
-from tokenpace.profiling.fit import fit_eq2, fit_prefill
+from tokenpace.profiling.fit import (
+    fit_decode_attention,
+    fit_eq2,
+    fit_prefill,
+    without_context,
+)
 from tokenpace.profiling.plot import plot_fit
 
 if TYPE_CHECKING:
@@ -83,7 +88,8 @@ def run_profile(
         f"mixed: decode {mixed.decode_ms:.1f} ms, with a {mixed.chunk}-token chunk "
         f"{mixed.mixed_ms:.1f} ms"
     )
-    eq2 = fit_eq2(decode)
+    decode_attention = fit_decode_attention(context)
+    eq2 = fit_eq2(without_context(decode, decode_attention))
     prefill_fit = fit_prefill(prefill, eq2.l_min_ms, mixed)
 
     tiers = [CheckpointTier("gpu", 0.0)]
@@ -141,6 +147,7 @@ def run_profile(
         prefill_ms_per_token=prefill_fit.ms_per_token,
         prefill_attention_ms_per_kctx=prefill_fit.attention_ms_per_kctx,
         mixed_prefill_overhead_ms=prefill_fit.mixed_overhead_ms,
+        decode_attention_ms_per_kctx=decode_attention,
         noise_cv=float(np.median([p.cv for p in decode])),
         block_size=config.block_size,
         num_gpu_blocks=config.num_blocks,
