@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
 def test_workload_respects_arrivals_and_stamps_every_token(vllm_llm: Any) -> None:
-    from tokenpace.engine.vllm.runner import policy_for, run_workload
+    from tokenpace.engine.vllm.runner import policy_for, run_workload, warm_up
 
     specs = [
         RequestSpec(0.0, 24, 12),
@@ -27,6 +27,7 @@ def test_workload_respects_arrivals_and_stamps_every_token(vllm_llm: Any) -> Non
         RequestSpec(0.9, 8, 6),
         RequestSpec(1.2, 32, 12),
     ]
+    assert warm_up(vllm_llm, specs[:2]) > 0
     policy = policy_for(vllm_llm, "twp", load_profile("v100-llama-3.2-3b"))
     run = run_workload(vllm_llm, specs, policy)
     assert run.wall_s >= 1.2 and run.steps
