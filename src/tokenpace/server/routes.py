@@ -11,7 +11,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
-from fastapi.sse import EventSourceResponse, format_sse_event
+from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from tokenpace.core.sampling import SamplingParams
 from tokenpace.server.detokenize import IncrementalText
@@ -28,7 +28,7 @@ from tokenpace.server.responses import (
 from tokenpace.server.schemas import ChatCompletionRequest, CompletionRequest, _SamplingFields
 from tokenpace.server.service import Service, Submission
 
-DONE = format_sse_event(data_str="[DONE]")
+DONE = ServerSentEvent(data="[DONE]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,8 +41,8 @@ class RouteConfig:
     unix_clock: Callable[[], float]
 
 
-def _sse(payload: dict[str, Any]) -> bytes:
-    return format_sse_event(data_str=json.dumps(payload, ensure_ascii=False))
+def _sse(payload: dict[str, Any]) -> ServerSentEvent:
+    return ServerSentEvent(data=json.dumps(payload, ensure_ascii=False))
 
 
 def build_router(service: Service, config: RouteConfig) -> APIRouter:
@@ -154,7 +154,7 @@ async def _stream(
     text: IncrementalText,
     info: ResponseMeta,
     include_usage: bool,
-) -> AsyncIterator[bytes]:
+) -> AsyncIterator[ServerSentEvent]:
     """Server-sent events until ``[DONE]``; aborts the request if the stream is dropped."""
     finished = False
     try:
