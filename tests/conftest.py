@@ -1,12 +1,16 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from tokenpace.engine.profile import EngineProfile, load_profile
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+# The shared data folder sits beside the checkout; TOKENPACE_SHARED_DATA points elsewhere.
+SHARED_DATA = Path(
+    os.environ.get("TOKENPACE_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")
+)
 
 
 @pytest.fixture(scope="session")
