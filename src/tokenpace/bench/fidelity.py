@@ -9,11 +9,11 @@ from typing import Any
 
 import numpy as np
 
-from tokenpace.bench.matrix import WorkloadGenerator
 from tokenpace.bench.runners import RUNNERS, RunRequest
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.metrics.run_metrics import RunKey, summarize_run
 from tokenpace.metrics.slo import Slo
+from tokenpace.workload.spec import Workload
 
 COMPARED = {
     "itl_mean": ("itl_ms", "mean"),
@@ -38,7 +38,7 @@ def _value(run: Mapping[str, Any], path: tuple[str, ...]) -> float:
 
 
 def measure_fidelity(
-    engine: str, scheduler: str, workload: WorkloadGenerator, seed: int,
+    engine: str, scheduler: str, workload: Workload, seed: int,
     profile: EngineProfile, slo: Slo,
 ) -> FidelityResult:  # fmt: skip
     """Relative error = (simulated - real) / real for each compared metric."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -22,18 +22,7 @@ from tokenpace.metrics.run_metrics import RunKey, summarize_run
 from tokenpace.metrics.slo import Slo
 from tokenpace.pool.config import PoolConfig
 from tokenpace.runtime.step_loop import StepRecord
-from tokenpace.workload.spec import RequestSpec
-
-
-class WorkloadGenerator(Protocol):
-    """Anything with a name that draws a request list from an RNG."""
-
-    @property
-    def name(self) -> str: ...
-
-    def generate(
-        self, rng: np.random.Generator, prompts: Sequence[str] | None = None
-    ) -> list[RequestSpec]: ...
+from tokenpace.workload.spec import Workload
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +30,7 @@ class MatrixConfig:
     """One part of a bench: schedulers x workloads x seeds on one runner."""
 
     schedulers: tuple[str, ...]
-    workloads: tuple[WorkloadGenerator, ...]
+    workloads: tuple[Workload, ...]
     seeds: tuple[int, ...]
     profile: EngineProfile
     slo: Slo
@@ -57,7 +46,7 @@ class MatrixConfig:
 class CellSpec:
     part: MatrixConfig
     scheduler: str
-    workload: WorkloadGenerator
+    workload: Workload
     seed: int
     keep_detail: bool
 

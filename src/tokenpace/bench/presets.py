@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
-from tokenpace.bench.matrix import MatrixConfig, WorkloadGenerator
+from tokenpace.bench.matrix import MatrixConfig
 from tokenpace.core.registry import Registry
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.metrics.slo import Slo
@@ -18,10 +18,10 @@ from tokenpace.workload.scenarios import (
     SCENARIO_OUTPUT_LENGTHS,
     SCENARIO_PROMPT_LENGTHS,
     ScenarioConfig,
-    Workload,
     scenario_capacity_rps,
     scenario_workloads,
 )
+from tokenpace.workload.spec import Workload
 
 # The paper's single-server comparison (issue: main experiment) and the pool comparison,
 # which adds the two routing baselines.
@@ -102,8 +102,8 @@ LOAD_CURVE_FACTORS = (0.3, 0.5, 0.7, 0.9, 1.1, 1.3, 1.5)
 ALPHA_FACTORS = (0.4, 1.0, 2.0)
 
 
-def _renamed(workload: Workload, name: str) -> WorkloadGenerator:
-    renamed: WorkloadGenerator = replace(cast(Any, workload), name=name)
+def _renamed(workload: Workload, name: str) -> Workload:
+    renamed: Workload = replace(cast(Any, workload), name=name)
     return renamed
 
 

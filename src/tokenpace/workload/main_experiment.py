@@ -10,7 +10,7 @@ import numpy as np
 from tokenpace.core.config import option, require_positive
 from tokenpace.workload.arrivals import poisson_arrivals
 from tokenpace.workload.lengths import LengthMixture
-from tokenpace.workload.spec import RequestSpec
+from tokenpace.workload.spec import RequestSpec, draw_specs
 
 PAPER_PROMPT_LENGTHS = LengthMixture(((30, 80), (120, 250), (350, 512)), (0.6, 0.3, 0.1))
 PAPER_OUTPUT_LENGTHS = LengthMixture.fixed((20, 50, 200), (0.5, 0.3, 0.2))
@@ -36,16 +36,4 @@ class PoissonWorkload:
         """Draw the request list. Prompt text, when given, is taken in rotation from a
         random start; token counts always come from the mixtures."""
         arrivals = poisson_arrivals(rng, self.rate_per_s, self.duration_s, self.max_requests)
-        n = len(arrivals)
-        prompt_tokens = self.prompt_lengths.sample(rng, n)
-        output_tokens = self.output_lengths.sample(rng, n)
-        offset = int(rng.integers(len(prompts))) if prompts else 0
-        return [
-            RequestSpec(
-                arrival_s=float(arrivals[i]),
-                num_prompt_tokens=int(prompt_tokens[i]),
-                max_tokens=int(output_tokens[i]),
-                prompt=prompts[(offset + i) % len(prompts)] if prompts else None,
-            )
-            for i in range(n)
-        ]
+        return draw_specs(rng, arrivals, self.prompt_lengths, self.output_lengths, prompts)

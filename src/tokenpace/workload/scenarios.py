@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 
@@ -21,23 +20,12 @@ from tokenpace.pool.capacity import pool_capacity_rps
 from tokenpace.workload.lengths import LengthMixture
 from tokenpace.workload.main_experiment import PoissonWorkload
 from tokenpace.workload.mmpp import MmppArrivals
-from tokenpace.workload.spec import RequestSpec
+from tokenpace.workload.spec import RequestSpec, Workload, draw_specs
 
 SCENARIO_PROMPT_LENGTHS = LengthMixture.fixed((50, 200, 800), (0.5, 0.3, 0.2))
 SCENARIO_OUTPUT_LENGTHS = LengthMixture.fixed((20, 50, 200), (0.5, 0.3, 0.2))
 SCENARIO_NAMES = ("low", "medium", "high", "burst")
 _LOAD_FACTORS = {"low": 0.5, "medium": 0.8, "high": 1.2, "burst": 0.8}
-
-
-class Workload(Protocol):
-    """Anything that draws a request list from a seeded generator."""
-
-    @property
-    def name(self) -> str: ...
-
-    def generate(
-        self, rng: np.random.Generator, prompts: Sequence[str] | None = None
-    ) -> list[RequestSpec]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,19 +47,7 @@ class MmppWorkload:
     ) -> list[RequestSpec]:
         """Draw the request list (prompt text, when given, in rotation from a random start)."""
         times = self.arrivals.sample(rng, self.duration_s, self.max_requests)
-        n = len(times)
-        prompt_tokens = self.prompt_lengths.sample(rng, n)
-        output_tokens = self.output_lengths.sample(rng, n)
-        offset = int(rng.integers(len(prompts))) if prompts else 0
-        return [
-            RequestSpec(
-                arrival_s=float(times[i]),
-                num_prompt_tokens=int(prompt_tokens[i]),
-                max_tokens=int(output_tokens[i]),
-                prompt=prompts[(offset + i) % len(prompts)] if prompts else None,
-            )
-            for i in range(n)
-        ]
+        return draw_specs(rng, times, self.prompt_lengths, self.output_lengths, prompts)
 
 
 @dataclass(frozen=True, slots=True)

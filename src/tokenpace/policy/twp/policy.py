@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
-from tokenpace.core.request import Request
 from tokenpace.core.step import StepPlan, StepState
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.metrics.slo import Slo
@@ -15,7 +14,7 @@ from tokenpace.policy.common import schedule_tokens
 from tokenpace.policy.twp.config import TwpConfig
 from tokenpace.policy.twp.gate import GateOutcome, run_gate
 from tokenpace.policy.twp.kv_guard import KvHeadroomGuard
-from tokenpace.policy.twp.ranking import order_by_score, rank
+from tokenpace.policy.twp.ranking import best_first, rank
 from tokenpace.policy.twp.window import WindowController
 
 # Candidates taken one argmax at a time before falling back to a full sort.
@@ -70,7 +69,9 @@ class TwpPolicy:
             # (4b) the gate, in rank order, over the rest.
             scores = ranking.scores
             scores[ranking.forced] = -np.inf
-            candidates = self._ranked(state, scores, len(state.waiting) - len(ranking.forced))
+            candidates = best_first(
+                state.waiting, scores, len(state.waiting) - len(ranking.forced), _SCAN_BATCH
+            )
             run_gate(candidates, outcome, window, self.kv_guard, state.block_size)
         self._token_load = outcome.token_load
         self._num_forced = len(forced_ids)
@@ -81,21 +82,6 @@ class TwpPolicy:
             num_scheduled_tokens=scheduled,
             forced_ids=frozenset(forced_ids),
         )
-
-    @staticmethod
-    def _ranked(state: StepState, scores: np.ndarray, count: int) -> Iterator[Request]:
-        """Yield the ``count`` best-scored waiting requests, best first, equal scores in
-        queue order."""
-        # The gate usually closes after a few candidates, so repeated argmax (first index
-        # among equal scores = queue order) beats sorting 10,000 scores every step.
-        remaining = scores.copy()
-        for _ in range(min(count, _SCAN_BATCH)):
-            best = int(np.argmax(remaining))
-            remaining[best] = -np.inf
-            yield state.waiting[best]
-        if count > _SCAN_BATCH:
-            rest = order_by_score(scores, count)[_SCAN_BATCH:count]
-            yield from state.waiting.request_at(rest)
 
     def telemetry(self) -> Mapping[str, float]:
         return {

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
 from tokenpace.core.queue import WaitingQueue
+from tokenpace.core.request import Request
 from tokenpace.policy.twp.config import TwpConfig
 
 
@@ -42,6 +44,21 @@ def rank(
     fairness = per_size / top if top > 0 else np.zeros_like(per_size)
     scores = cfg.w_starvation * starvation + cfg.w_balance * balance + cfg.w_fairness * fairness
     return Ranking(forced=forced, scores=scores)
+
+
+def best_first(
+    waiting: WaitingQueue, scores: npt.NDArray[np.float64], count: int, scan_limit: int
+) -> Iterator[Request]:
+    """Yield the ``count`` best-scored waiting requests, best first, equal scores in queue
+    order. A gate usually closes after a few candidates, so up to ``scan_limit`` come from
+    repeated argmax (first index among equals) instead of sorting the whole queue."""
+    remaining = scores.copy()
+    for _ in range(min(count, scan_limit)):
+        best = int(np.argmax(remaining))
+        remaining[best] = -np.inf
+        yield waiting[best]
+    if count > scan_limit:
+        yield from waiting.request_at(order_by_score(scores, count)[scan_limit:count])
 
 
 def order_by_score(scores: npt.NDArray[np.float64], limit: int) -> npt.NDArray[np.intp]:

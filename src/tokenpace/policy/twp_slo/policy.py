@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -16,7 +16,7 @@ from tokenpace.engine.profile import EngineProfile
 from tokenpace.metrics.slo import Slo
 from tokenpace.policy.base import POLICIES, Policy
 from tokenpace.policy.twp.kv_guard import KvHeadroomGuard
-from tokenpace.policy.twp.ranking import rank
+from tokenpace.policy.twp.ranking import best_first, rank
 from tokenpace.policy.twp_slo.config import TwpSloConfig
 from tokenpace.policy.twp_slo.deadline import deadline_keys
 from tokenpace.policy.twp_slo.window import RequestWindow
@@ -101,7 +101,7 @@ class TwpSloPolicy:
             keys = self._keys(state, budget)
             keys[forced_positions] = -np.inf
             num_candidates = len(state.waiting) - len(forced_positions)
-            for request in self._ranked(state, keys, num_candidates):
+            for request in best_first(state.waiting, keys, num_candidates, _SCAN_LIMIT):
                 footprint = state.blocks_for(request.num_prompt_tokens + request.max_tokens)
                 has_room = len(state.running) + len(admitted) < capacity
                 has_budget = budget_left > 0 or not cfg.use_prefill_budget
@@ -171,17 +171,6 @@ class TwpSloPolicy:
             else 0.0
         )
         return rank(state.waiting, state.now_s, state.step_index, mean_remaining, cfg.base).scores
-
-    @staticmethod
-    def _ranked(state: StepState, keys: npt.NDArray[np.float64], count: int) -> Iterator[Request]:
-        remaining = keys.copy()
-        for _ in range(min(count, _SCAN_LIMIT)):
-            best = int(np.argmax(remaining))
-            remaining[best] = -np.inf
-            yield state.waiting[best]
-        if count > _SCAN_LIMIT:
-            order = np.argsort(-keys, kind="stable")[_SCAN_LIMIT:count]
-            yield from state.waiting.request_at(order)
 
     def telemetry(self) -> Mapping[str, float]:
         return {
