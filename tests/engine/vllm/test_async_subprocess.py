@@ -35,6 +35,9 @@ def test_async_scheduler_in_engine_core_process(tmp_path: Path) -> None:
     model = embedded_model()
     log = tmp_path / "steps.jsonl"
     env = {**os.environ, **local_environment(BUILD)}
+    # vLLM expects its cache and IPC folders to exist (a fresh checkout has no build/).
+    for name in ("VLLM_CACHE_ROOT", "VLLM_RPC_BASE_PATH", "TORCHINDUCTOR_CACHE_DIR"):
+        Path(env[name]).mkdir(parents=True, exist_ok=True)
     env.update(
         VLLM_ENABLE_V1_MULTIPROCESSING="1",
         TOKENPACE_POLICY="fcfs",
