@@ -389,10 +389,14 @@ def serve(ctx: typer.Context) -> None:
 
 @app.command()
 def profile(
-    engine: Annotated[str, typer.Option(help="Engine to profile: native.")] = "native",
+    engine: Annotated[str, typer.Option(help="Engine to profile: native or vllm.")] = "native",
     out: Annotated[
-        Path, typer.Option(help="Profile JSON to write (PNG of the fit beside it).")
-    ] = Path("build/profiles/native.json"),
+        Path | None,
+        typer.Option(
+            help="Profile JSON to write (PNG of the fit beside it); "
+            "default build/profiles/<engine>.json."
+        ),
+    ] = None,
     dtype: Annotated[
         str, typer.Option(help="Weights/KV precision: float32 or bfloat16.")
     ] = "bfloat16",
@@ -400,21 +404,37 @@ def profile(
         str, typer.Option(help="'smollm2' (embedded) or a local Hugging Face model directory.")
     ] = "smollm2",
     skip_checkpoints: Annotated[
-        bool, typer.Option(help="Do not time checkpoint loads per tier (saves ~20 s).")
+        bool, typer.Option(help="Do not time checkpoint loads per tier (saves ~20 s; native).")
     ] = False,
 ) -> None:
     """The offline profiling sweep: decode step time over batch sizes and context lengths,
-    prefill over chunk sizes, mixed steps, KV capacity and checkpoint load time per tier;
-    fits l_min, B0 and alpha (Eq. 2) and writes a profile the simulator reads."""
-    if engine != "native":
-        fail(f"cannot profile engine {engine!r}; valid choices: native")
+    prefill over chunk sizes, mixed steps, KV capacity and (native) checkpoint load time per
+    tier; fits l_min, B0 and alpha (Eq. 2) and writes a profile the simulator reads."""
+    from importlib.util import find_spec
+
+    from tokenpace.profiling.run import ENGINES as PROFILED_ENGINES
+
+    if engine not in PROFILED_ENGINES:
+        fail(f"cannot profile engine {engine!r}; valid choices: {', '.join(PROFILED_ENGINES)}")
+    out = out if out is not None else Path(f"build/profiles/{engine}.json")
+    config: object
     try:
-        from tokenpace.engine.native import NativeEngineConfig
+        if engine == "vllm":
+            if find_spec("vllm") is None:
+                fail("profiling vLLM needs the vllm extra (scripts/setup.sh vllm)")
+            from tokenpace.profiling.vllm_sweep import profile_engine_config
+
+            config = profile_engine_config(model, dtype)
+        else:
+            from tokenpace.engine.native import NativeEngineConfig
+
+            config = NativeEngineConfig(model=model, dtype=dtype)
         from tokenpace.profiling import run_profile
     except ImportError as error:
-        fail(f"the native engine needs `scripts/setup.sh native` ({error})")
+        fail(f"the {engine} engine needs `scripts/setup.sh {engine}` ({error})")
+    except (ValueError, FileNotFoundError) as error:
+        fail(str(error))
     try:
-        config = NativeEngineConfig(model=model, dtype=dtype)
         out.parent.mkdir(parents=True, exist_ok=True)
         result = run_profile(
             engine, out, engine_config=config, measure_checkpoints=not skip_checkpoints,

