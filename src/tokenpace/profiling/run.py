@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -220,6 +221,9 @@ def profile_vllm(
         "num_gpu_blocks": "vLLM's KV block pool as configured (kv_cache_memory_bytes).",
         "engine_init_s": "Wall time of starting vllm.LLM (weights load included); 0 when "
         "the engine was started elsewhere.",
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "unset (libgomp: active)")
+        + " (importing tokenpace.engine.native sets PASSIVE before torch loads; passive "
+        "OpenMP waits make vLLM's steps slower on an idle CPU)",
     }
     profile = EngineProfile(
         name=f"vllm-{model_dir.name}-{device}",

@@ -29,7 +29,9 @@ EMBEDDED_MODEL_DIR = Path("build/native-cache/smollm2-135m-instruct")
 def profile_engine_config(model: str = "smollm2", dtype: str = "bfloat16") -> VllmEngineConfig:
     """An engine sized for the default sweep (contexts up to 1,024 tokens at batch 16, batches
     up to 48). ``model`` is a local Hugging Face directory, or ``"smollm2"``: the embedded
-    GGUF, converted once to ``EMBEDDED_MODEL_DIR`` (relative to the working directory)."""
+    GGUF, converted once to ``EMBEDDED_MODEL_DIR`` (relative to the working directory).
+    Importing the converter sets ``OMP_WAIT_POLICY=PASSIVE`` for torch, as the bench runner's
+    vLLM engine gets it, so the profile is measured the way that engine runs."""
     if model == "smollm2":
         from tokenpace.engine.native.loading import convert_gguf, embedded_gguf_path
 
@@ -331,6 +333,11 @@ def run_sweep(llm: Any, config: VllmSweepConfig, log: Log = lambda _message: Non
     from tokenpace.engine.vllm.scheduler import scheduler_of
 
     check_fits(llm, config)
+    # A fresh engine's first steps run slower than later ones of the same shape (measured:
+    # B=1 at 50-56 ms first, 35-45 ms later), so one pass at each end of the batch range
+    # goes untimed.
+    for size in (min(config.batch_sizes), max(config.batch_sizes)):
+        time_decode(llm, config, size, config.decode_context)
     decode = []
     for size in config.batch_sizes:
         decode.append(time_decode(llm, config, size, config.decode_context))
