@@ -52,3 +52,25 @@ class BlockAccountant:
 
     def free(self, request_id: int) -> None:
         self._num_used -= self._held.pop(request_id, 0)
+
+
+class BlockAccountedEngine:
+    """The Engine protocol's block queries, answered from the ``_blocks`` accountant an
+    engine sets up in its constructor."""
+
+    _blocks: BlockAccountant
+
+    @property
+    def block_size(self) -> int:
+        return self._blocks.block_size
+
+    @property
+    def num_total_blocks(self) -> int:
+        return self._blocks.num_total_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self._blocks.num_free_blocks
+
+    def num_blocks_needed(self, request: Request, num_new_tokens: int) -> int:
+        return self._blocks.num_blocks_needed(request, num_new_tokens)

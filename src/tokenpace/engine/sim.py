@@ -6,9 +6,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tokenpace.core.request import Request
 from tokenpace.core.step import ScheduledChunk, StepResult
-from tokenpace.engine.kv_blocks import BlockAccountant
+from tokenpace.engine.kv_blocks import BlockAccountant, BlockAccountedEngine
 from tokenpace.engine.latency_model import LatencyModel, PrefillChunk
 from tokenpace.engine.profile import EngineProfile
 
@@ -16,7 +15,7 @@ SIM_TOKEN_ID = 0
 _MIN_NOISE_FACTOR = 0.2
 
 
-class SimEngine:
+class SimEngine(BlockAccountedEngine):
     """Implements the Engine protocol in virtual time.
 
     A chunk is a decode token when its request already has output and only the newest token
@@ -30,21 +29,6 @@ class SimEngine:
         self._latency = LatencyModel(profile)
         self._rng = rng
         self._blocks = BlockAccountant(profile.num_gpu_blocks, profile.block_size)
-
-    @property
-    def block_size(self) -> int:
-        return self._blocks.block_size
-
-    @property
-    def num_total_blocks(self) -> int:
-        return self._blocks.num_total_blocks
-
-    @property
-    def num_free_blocks(self) -> int:
-        return self._blocks.num_free_blocks
-
-    def num_blocks_needed(self, request: Request, num_new_tokens: int) -> int:
-        return self._blocks.num_blocks_needed(request, num_new_tokens)
 
     def execute(self, chunks: Sequence[ScheduledChunk]) -> StepResult:
         num_decode = 0

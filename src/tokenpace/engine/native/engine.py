@@ -11,7 +11,7 @@ import torch
 
 from tokenpace.core.request import Request
 from tokenpace.core.step import ScheduledChunk, StepResult
-from tokenpace.engine.kv_blocks import BlockAccountant
+from tokenpace.engine.kv_blocks import BlockAccountant, BlockAccountedEngine
 from tokenpace.engine.native import attention
 from tokenpace.engine.native.attention import LAYOUT_KWARG, PrefillSpan, StepLayout
 from tokenpace.engine.native.config import NativeEngineConfig
@@ -28,7 +28,7 @@ _SYNTHETIC_FIRST_ID = 1000
 _SYNTHETIC_SPAN = 20000
 
 
-class NativeEngine:
+class NativeEngine(BlockAccountedEngine):
     """Implements the Engine protocol on a transformers causal LM (CPU or CUDA).
 
     Blocks are accounted by a ``BlockAccountant`` (``config.num_blocks`` blocks of
@@ -82,27 +82,12 @@ class NativeEngine:
         return self.loaded.tokenizer
 
     @property
-    def block_size(self) -> int:
-        return self._blocks.block_size
-
-    @property
-    def num_total_blocks(self) -> int:
-        return self._blocks.num_total_blocks
-
-    @property
-    def num_free_blocks(self) -> int:
-        return self._blocks.num_free_blocks
-
-    @property
     def kv_bytes_per_token(self) -> int:
         return self._cache.bytes_per_token
 
     @property
     def num_active_slots(self) -> int:
         return self._cache.num_active
-
-    def num_blocks_needed(self, request: Request, num_new_tokens: int) -> int:
-        return self._blocks.num_blocks_needed(request, num_new_tokens)
 
     def free(self, request_id: int) -> None:
         self._blocks.free(request_id)
