@@ -13,6 +13,7 @@ import numpy as np
 from tokenpace.engine.profile import CheckpointTier, EngineProfile
 from tokenpace.profiling.fit import (
     Eq2Fit,
+    PrefillFit,
     fit_decode_attention,
     fit_eq2,
     fit_prefill,
@@ -28,6 +29,20 @@ if TYPE_CHECKING:
 Clock = Callable[[], float]
 Log = Callable[[str], None]
 ENGINES = ("native", "vllm")
+
+
+def fitted_terms(eq2: Eq2Fit, prefill: PrefillFit, decode_attention_ms: float) -> dict[str, Any]:
+    """The latency fields of an EngineProfile, from the fits."""
+    return {
+        "l_min_ms": eq2.l_min_ms,
+        "b0": eq2.b0,
+        "alpha_ms": eq2.alpha_ms,
+        "r2": eq2.r2,
+        "prefill_ms_per_token": prefill.ms_per_token,
+        "prefill_attention_ms_per_kctx": prefill.attention_ms_per_kctx,
+        "mixed_prefill_overhead_ms": prefill.mixed_overhead_ms,
+        "decode_attention_ms_per_kctx": decode_attention_ms,
+    }
 
 
 def run_profile(
@@ -139,14 +154,7 @@ def run_profile(
 
     profile = EngineProfile(
         name=f"native-{Path(config.model).name}-{config.dtype}-{loaded.device.type}",
-        l_min_ms=eq2.l_min_ms,
-        b0=eq2.b0,
-        alpha_ms=eq2.alpha_ms,
-        r2=eq2.r2,
-        prefill_ms_per_token=prefill_fit.ms_per_token,
-        prefill_attention_ms_per_kctx=prefill_fit.attention_ms_per_kctx,
-        mixed_prefill_overhead_ms=prefill_fit.mixed_overhead_ms,
-        decode_attention_ms_per_kctx=decode_attention,
+        **fitted_terms(eq2, prefill_fit, decode_attention),
         noise_cv=float(np.median([p.cv for p in decode])),
         block_size=config.block_size,
         num_gpu_blocks=config.num_blocks,
@@ -227,14 +235,7 @@ def profile_vllm(
     }
     profile = EngineProfile(
         name=f"vllm-{model_dir.name}-{device}",
-        l_min_ms=eq2.l_min_ms,
-        b0=eq2.b0,
-        alpha_ms=eq2.alpha_ms,
-        r2=eq2.r2,
-        prefill_ms_per_token=prefill_fit.ms_per_token,
-        prefill_attention_ms_per_kctx=prefill_fit.attention_ms_per_kctx,
-        mixed_prefill_overhead_ms=prefill_fit.mixed_overhead_ms,
-        decode_attention_ms_per_kctx=decode_attention,
+        **fitted_terms(eq2, prefill_fit, decode_attention),
         noise_cv=float(np.median([p.cv for p in measured.decode])),
         block_size=measured.block_size,
         num_gpu_blocks=measured.num_gpu_blocks,
