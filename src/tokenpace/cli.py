@@ -19,10 +19,10 @@ from tokenpace.bench.fidelity import measure_fidelity
 from tokenpace.bench.matrix import MatrixConfig
 from tokenpace.bench.presets import (
     MAIN_SCHEDULERS,
-    POOL_SCHEDULERS,
     PRESETS,
     ROUTING_BASELINES,
     PlanOptions,
+    pool_part,
 )
 from tokenpace.bench.suite import num_cells, run_bench
 from tokenpace.engine.profile import EngineProfile, load_profile
@@ -146,17 +146,7 @@ def trace_part(
         f"({trace.mean_rate_per_s:.2f} req/s)."
     )
     workload = ReplayWorkload(name=f"trace:{path.stem}", specs=tuple(trace.specs))
-    part = MatrixConfig(
-        schedulers=plan.schedulers or POOL_SCHEDULERS,
-        workloads=(workload,),
-        seeds=plan.seeds,
-        profile=plan.profile,
-        slo=plan.slo,
-        runner="pool",
-        pool=plan.pool,
-        router=plan.router,
-    )
-    return part, note
+    return pool_part(plan, (workload,)), note
 
 
 def capacity_note(plan: PlanOptions) -> str:

@@ -66,11 +66,11 @@ def main_part(options: PlanOptions) -> MatrixConfig:
     )
 
 
-def scenarios_part(options: PlanOptions) -> MatrixConfig:
-    workloads = scenario_workloads(options.profile, options.pool.num_containers, options.scenario)
+def pool_part(options: PlanOptions, workloads: tuple[Workload, ...]) -> MatrixConfig:
+    """``workloads`` on the simulated pool, for the pool's schedulers unless given."""
     return MatrixConfig(
         schedulers=options.schedulers or POOL_SCHEDULERS,
-        workloads=tuple(workloads.values()),
+        workloads=workloads,
         seeds=options.seeds,
         profile=options.profile,
         slo=options.slo,
@@ -79,6 +79,11 @@ def scenarios_part(options: PlanOptions) -> MatrixConfig:
         pool=options.pool,
         router=options.router,
     )
+
+
+def scenarios_part(options: PlanOptions) -> MatrixConfig:
+    workloads = scenario_workloads(options.profile, options.pool.num_containers, options.scenario)
+    return pool_part(options, tuple(workloads.values()))
 
 
 @PRESETS.register("main")
@@ -143,8 +148,7 @@ def _goodput_curve(options: PlanOptions) -> list[MatrixConfig]:
         for factor in LOAD_CURVE_FACTORS
     )
     part = replace(
-        scenarios_part(options),
-        workloads=workloads,
+        pool_part(options, workloads),
         schedulers=options.schedulers or SLO_SCHEDULERS,
         per_workload_figures=False,
     )
@@ -163,8 +167,7 @@ def _alpha(options: PlanOptions) -> list[MatrixConfig]:
         )
         parts.append(
             replace(
-                scenarios_part(replace(options, profile=profile)),
-                workloads=workloads,
+                pool_part(replace(options, profile=profile), workloads),
                 schedulers=options.schedulers or SLO_SCHEDULERS,
                 per_workload_figures=False,
             )
