@@ -369,11 +369,12 @@ def serve(ctx: typer.Context) -> None:
     the native engine with the embedded SmolLM2 on 127.0.0.1:8000). `tokenpace serve --help`
     lists every flag."""
     from tokenpace.server.cli_args import parse_options
+    from tokenpace.server.main import EngineStartError
     from tokenpace.server.main import serve as run_server
 
     try:
         run_server(parse_options(list(ctx.args)))
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, FileNotFoundError, EngineStartError) as error:
         fail(str(error))
 
 

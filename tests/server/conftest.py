@@ -1,8 +1,8 @@
 """Real servers for the serve tests: uvicorn in threads over the embedded SmolLM2.
 
-The model is loaded once per session; every container engine shares its weights (each has
-its own KV cache). Two servers: ``server`` with default bounds, ``guarded_server`` with an
-API key and an admission queue of one request.
+Each container's engine is a worker process loading the embedded model from its cached
+checkpoint tier, as in production. Two session servers: ``server`` with default bounds,
+``guarded_server`` with an API key and an admission queue of one request.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import importlib.util
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,45 +61,23 @@ class RunningServer:
         self.thread.join(60)
 
 
-@pytest.fixture(scope="session")
-def loaded_model() -> object:
-    if _MISSING:
-        pytest.skip(SKIP_REASON)
-    from tokenpace.engine.native import NativeEngineConfig, load_model
-
-    try:
-        return load_model(NativeEngineConfig(), time.perf_counter)
-    except FileNotFoundError as error:
-        pytest.skip(f"the embedded model is not available: {error}")
-
-
-def start_server(
-    loaded: object, wrap: Callable[[Any], Any] | None = None, **overrides: object
-) -> RunningServer:
-    """Build a server whose engines share ``loaded`` (each engine passed through ``wrap``
-    when given) and run it on a free port."""
-    import numpy as np
+def start_server(**overrides: object) -> RunningServer:
+    """Build a server with ``overrides`` of the test defaults (its engines are real worker
+    processes loading the embedded model) and run it on a free port."""
     import uvicorn
 
-    from tokenpace.engine.native import NativeEngine, NativeEngineConfig
     from tokenpace.server.main import build_server
     from tokenpace.server.options import ServeOptions
     from tokenpace.server.uvicorn_server import DrainingServer
 
-    options = ServeOptions(port=0, log_level="warning", shutdown_timeout_s=5.0, **overrides)  # type: ignore[arg-type]
-    engine_config = NativeEngineConfig(
-        kv_cache_tokens=options.kv_cache_tokens,
-        max_model_len=options.max_model_len,
-        max_num_seqs=options.max_num_seqs,
-    )
-
-    def factory() -> Any:
-        engine = NativeEngine(loaded, engine_config, time.perf_counter, np.random.default_rng(0))  # type: ignore[arg-type]
-        return wrap(engine) if wrap is not None else engine
-
-    built = build_server(options, engine_factory=factory)
+    settings: dict[str, Any] = {"port": 0, "log_level": "warning", "shutdown_timeout_s": 5.0}
+    settings.update(overrides)
+    try:
+        built = build_server(ServeOptions(**settings))
+    except FileNotFoundError as error:
+        pytest.skip(f"the embedded model is not available: {error}")
     config = uvicorn.Config(built.app, host="127.0.0.1", port=0, log_level="warning")
-    server = DrainingServer(config, built.service, options.shutdown_timeout_s)
+    server = DrainingServer(config, built.service, built.options.shutdown_timeout_s)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 60
@@ -111,14 +89,18 @@ def start_server(
 
 
 @pytest.fixture(scope="session")
-def server(loaded_model: object) -> Iterator[RunningServer]:
-    running = start_server(loaded_model)
+def server() -> Iterator[RunningServer]:
+    if _MISSING:
+        pytest.skip(SKIP_REASON)
+    running = start_server()
     yield running
     running.stop()
 
 
 @pytest.fixture(scope="session")
-def guarded_server(loaded_model: object) -> Iterator[RunningServer]:
-    running = start_server(loaded_model, api_key=API_KEY, max_queued_requests=1, scheduler="fcfs")
+def guarded_server() -> Iterator[RunningServer]:
+    if _MISSING:
+        pytest.skip(SKIP_REASON)
+    running = start_server(api_key=API_KEY, max_queued_requests=1, scheduler="fcfs")
     yield running
     running.stop()

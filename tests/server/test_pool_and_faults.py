@@ -1,84 +1,139 @@
-"""Pool mode (containers going cold and cold-starting) and engine failures."""
+"""Pool mode and engine deaths, with real worker processes killed by a real signal."""
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
 from tests.server.conftest import RunningServer, start_server
-from tests.server.helpers import MODEL, metric, sse_payloads
+from tests.server.helpers import MODEL, metric, sse_payloads, stream_text
 
 BODY = {"model": MODEL, "prompt": "Hello", "max_tokens": 4, "temperature": 0}
-
-
-class FlakyEngine:
-    """Delegates to a real engine; ``execute`` raises while ``failing[0]`` is True."""
-
-    def __init__(self, engine: Any, failing: list[bool]) -> None:
-        self._engine = engine
-        self._failing = failing
-
-    def execute(self, chunks: Sequence[Any]) -> Any:
-        if self._failing[0]:
-            self._failing[0] = False
-            raise RuntimeError("simulated device fault")
-        return self._engine.execute(chunks)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._engine, name)
+LONG = {
+    "model": MODEL,
+    "prompt": "Tell me a long story about a lighthouse.",
+    "max_tokens": 96,
+    "temperature": 0,
+    "ignore_eos": True,
+}
 
 
 @pytest.fixture(scope="module")
-def flaky() -> list[bool]:
-    return [False]
-
-
-@pytest.fixture(scope="module")
-def flaky_server(loaded_model: object, flaky: list[bool]) -> Iterator[RunningServer]:
-    running = start_server(loaded_model, wrap=lambda engine: FlakyEngine(engine, flaky))
+def pooled_server() -> Iterator[RunningServer]:
+    running = start_server(containers=2, warm_containers=2, keep_alive_s=3.0)
     yield running
     running.stop()
 
 
 @pytest.fixture(scope="module")
-def pooled_server(loaded_model: object) -> Iterator[RunningServer]:
-    running = start_server(loaded_model, containers=2, keep_alive_s=0.5)
+def solo_server() -> Iterator[RunningServer]:
+    running = start_server()
     yield running
     running.stop()
 
 
-def test_engine_failure_fails_requests_and_restarts(
-    flaky_server: RunningServer, flaky: list[bool]
+def health(url: str) -> dict[str, Any]:
+    body: dict[str, Any] = httpx.get(f"{url}/health").json()
+    return body
+
+
+def wait_for(predicate: Any, what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+def busy_container(url: str) -> dict[str, Any]:
+    """The container running a request (waits until one does)."""
+    found: list[dict[str, Any]] = []
+
+    def running() -> bool:
+        found[:] = [c for c in health(url)["containers"] if c["num_running"]]
+        return bool(found)
+
+    wait_for(running, "no container started the request")
+    return found[0]
+
+
+def stream_in_background(url: str, body: dict[str, Any]) -> tuple[threading.Thread, list[str]]:
+    lines: list[str] = []
+
+    def run() -> None:
+        response = httpx.post(f"{url}/v1/completions", json={**body, "stream": True}, timeout=180)
+        lines.extend(sse_payloads(response.text))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, lines
+
+
+def test_killed_engine_requests_resume_on_another_container(
+    pooled_server: RunningServer,
 ) -> None:
-    url = f"{flaky_server.url}/v1/completions"
-    flaky[0] = True
-    failed = httpx.post(url, json=BODY, timeout=60)
-    assert failed.status_code == 500
-    assert "simulated device fault" in failed.json()["error"]["message"]
-    assert httpx.post(url, json=BODY, timeout=60).status_code == 200
-    flaky[0] = True
-    streamed = httpx.post(url, json={**BODY, "stream": True}, timeout=60)
-    payloads = sse_payloads(streamed.text)
+    url = pooled_server.url
+    wait_for(lambda: all(c["state"] == "warm" for c in health(url)["containers"]), "not warm")
+    body = {**LONG, "stream_options": {"include_usage": True}}
+    thread, payloads = stream_in_background(url, body)
+    victim = busy_container(url)
+    time.sleep(0.5)  # let some tokens reach the client first
+    os.kill(victim["pid"], signal.SIGKILL)
+    thread.join(180)
     assert payloads[-1] == "[DONE]"
-    assert any('"error"' in p for p in payloads)
-    assert metric(flaky_server.url, "tokenpace:engine_restarts_total") == 2
-    assert metric(flaky_server.url, "tokenpace:request_failures_total") == 2
-    assert httpx.post(url, json=BODY, timeout=60).status_code == 200
+    assert not any('"error"' in p for p in payloads)
+    assert '"completion_tokens": 96' in payloads[-2]
+    assert stream_text(payloads, chat=False)
+    assert metric(url, "tokenpace:migrations_total") == 1
+    assert metric(url, "tokenpace:engine_restarts_total") == 1
+    # The dead container comes back with a new engine process.
+    wait_for(
+        lambda: health(url)["containers"][victim["id"]]["pid"] not in (None, victim["pid"]),
+        "the container was not restarted",
+    )
 
 
 def test_idle_containers_go_cold_and_cold_start_on_demand(pooled_server: RunningServer) -> None:
     url = pooled_server.url
-    deadline = time.monotonic() + 30
-    while metric(url, "tokenpace:num_containers", 'state="cold"') < 2:
-        assert time.monotonic() < deadline, "containers did not go cold after keep-alive"
-        time.sleep(0.1)
+    wait_for(
+        lambda: metric(url, "tokenpace:num_containers", 'state="cold"') == 2,
+        "containers did not go cold after keep-alive",
+    )
+    assert all(c["pid"] is None for c in health(url)["containers"])
     before = metric(url, "tokenpace:cold_starts_total")
     response = httpx.post(f"{url}/v1/completions", json=BODY, timeout=120)
     assert response.status_code == 200
     assert metric(url, "tokenpace:cold_starts_total") == before + 1
-    ttft = metric(url, "tokenpace:time_to_first_token_seconds_sum")
-    assert ttft > 0
+    assert metric(url, "tokenpace:time_to_first_token_seconds_sum") > 0
+
+
+def test_killed_engine_fails_its_requests_clearly_and_restarts(
+    solo_server: RunningServer,
+) -> None:
+    url = solo_server.url
+    thread, payloads = stream_in_background(url, LONG)
+    victim = busy_container(url)
+    os.kill(victim["pid"], signal.SIGKILL)
+    thread.join(180)
+    assert payloads[-1] == "[DONE]"
+    assert any("killed by SIGKILL" in p for p in payloads)
+
+    def kill_when_running() -> None:
+        os.kill(busy_container(url)["pid"], signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_when_running)
+    killer.start()
+    failed = httpx.post(f"{url}/v1/completions", json=LONG, timeout=180)
+    killer.join()
+    assert failed.status_code == 500
+    assert "killed by SIGKILL" in failed.json()["error"]["message"]
+    assert metric(url, "tokenpace:engine_restarts_total") == 2
+    assert metric(url, "tokenpace:request_failures_total") == 2
+    # The server stayed up; the restarted engine serves the next request.
+    assert httpx.post(f"{url}/v1/completions", json=BODY, timeout=120).status_code == 200

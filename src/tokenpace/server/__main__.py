@@ -5,14 +5,14 @@ from __future__ import annotations
 import sys
 
 from tokenpace.server.cli_args import parse_options
-from tokenpace.server.main import serve
+from tokenpace.server.main import EngineStartError, serve
 
 
 def main() -> None:
     try:
         options = parse_options()
         serve(options)
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, FileNotFoundError, EngineStartError) as error:
         print(f"tokenpace serve: error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
 

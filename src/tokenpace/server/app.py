@@ -49,6 +49,8 @@ def build_app(service: Service, config: RouteConfig, shutdown_timeout_s: float) 
                     "num_running": s.num_running,
                     "num_waiting": s.num_waiting,
                     "num_used_blocks": s.num_used_blocks,
+                    "pid": s.pid,
+                    "last_load_s": s.last_load_s,
                 }
                 for s in snapshots
             ],

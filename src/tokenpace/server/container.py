@@ -1,45 +1,82 @@
-"""One serving container: an engine thread that runs a StepLoop on wall-clock time.
+"""One serving container: a thread in the server that owns one engine worker process.
 
-Requests enter through a thread-safe inbox; tokens leave through ``post_events`` to each
-request's asyncio queue. The thread sleeps on a condition when it has nothing to do. A
-container is cold (no engine), loading, or warm; an idle warm container goes cold after its
-keep-alive, and work routed to a cold one loads the engine again (a cold start). A step that
-raises fails every request in the container with a clear error and drops the engine, which
-is rebuilt on the next request (a restart).
+Requests enter through a thread-safe inbox; the container thread forwards them to its
+worker, reads the worker's reports and turns them into each request's events and the
+server's metrics. A container is cold (no process), loading or warm. Work routed to a
+cold container spawns a worker (a cold start: imports and weights from the cached
+checkpoint tier). A warm container idle for its keep-alive shuts its worker down. A worker
+that dies is noticed at once: its in-flight requests are handed to ``on_orphans`` (the
+pool retries them on another container) or failed with a clear error, and a new worker
+is started.
 """
 
 from __future__ import annotations
 
-import gc
+import contextlib
 import logging
+import os
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from multiprocessing.connection import wait
 
 from tokenpace.core.request import FinishReason, Request
-from tokenpace.engine.base import Engine
 from tokenpace.engine.profile import EngineProfile
-from tokenpace.policy.base import Policy
 from tokenpace.pool.container import ContainerState
-from tokenpace.runtime.step_loop import InFlightStep, StepLoop
 from tokenpace.server.admission import AdmissionQueue
 from tokenpace.server.events import Event, FinishEvent, RequestHandle, TokenEvent, post_events
 from tokenpace.server.metrics import ServerMetrics
+from tokenpace.server.worker.wire import (
+    Abort,
+    Finished,
+    LoadState,
+    Message,
+    Ready,
+    Report,
+    Submit,
+    WorkerSpec,
+    WorkItem,
+)
+from tokenpace.server.worker_process import WorkerGone, WorkerProcess
 
 logger = logging.getLogger("tokenpace.server")
 
 Clock = Callable[[], float]
-EngineFactory = Callable[[], Engine]
-PolicyFactory = Callable[[EngineProfile], Policy]
-ProfileBuilder = Callable[[Engine], EngineProfile]
+SHUTTING_DOWN = "the server is shutting down"
 
-_RETRY_WAIT_S = 0.005
+
+@dataclass(slots=True, eq=False)
+class InFlight:
+    """A request the server accepted, and what has been delivered of it so far."""
+
+    request: Request
+    handle: RequestHandle
+    delivered: list[int] = field(default_factory=list)
+    last_token_s: float | None = None
+    admitted: bool = False
+    retries: int = 0
+
+    def work_item(self) -> WorkItem:
+        """The request as a worker should run it now: delivered tokens extend the prompt."""
+        r = self.request
+        return WorkItem(
+            request_id=r.request_id,
+            prompt_token_ids=(*(r.prompt_token_ids or ()), *self.delivered),
+            max_tokens=r.max_tokens - len(self.delivered),
+            arrival_s=r.arrival_s,
+            sampling=r.sampling,
+        )
+
+    @property
+    def outstanding_tokens(self) -> int:
+        remaining = self.request.max_tokens - len(self.delivered)
+        return remaining if self.admitted else remaining + self.request.num_prompt_tokens
 
 
 @dataclass(frozen=True, slots=True)
 class ContainerSnapshot:
-    """A container's load at one instant, for routing and draining. Token counts are
-    uncomputed prompt tokens plus remaining output budget."""
+    """A container's load at one instant, for routing, draining and /health. Counts
+    include requests not yet forwarded to the worker."""
 
     container_id: int
     state: ContainerState
@@ -49,101 +86,113 @@ class ContainerSnapshot:
     num_used_blocks: int
     last_load_s: float | None
     queue_wait_s: float = 0.0
+    pid: int | None = None
+
+
+OrphanHandler = Callable[[int, list[InFlight]], list[InFlight]]
 
 
 @dataclass(frozen=True, slots=True)
 class ContainerDeps:
-    """What every container of a pool shares."""
+    """What every container of a pool shares. ``on_orphans(container_id, requests)``
+    places the in-flight requests of a dead worker elsewhere and returns those it could
+    not place (they fail)."""
 
-    engine_factory: EngineFactory
-    policy_factory: PolicyFactory
-    profile_builder: ProfileBuilder
+    spec: WorkerSpec
     clock: Clock
     metrics: ServerMetrics
     admission: AdmissionQueue
     keep_alive_s: float | None
     on_state_change: Callable[[], None]
+    on_orphans: OrphanHandler = lambda _container_id, orphans: orphans
+    stop_timeout_s: float = 10.0
 
 
 class ServerContainer:
-    """One engine thread. Public methods are thread-safe; everything named ``_step*`` or
-    ``_load*`` runs on the container's own thread only."""
+    """One container thread and its worker. Public methods are thread-safe; everything
+    named with a leading underscore runs on the container thread only."""
 
     def __init__(self, container_id: int, deps: ContainerDeps) -> None:
         self.container_id = container_id
         self._deps = deps
         self._cond = threading.Condition()
-        self._inbox: list[tuple[Request, RequestHandle]] = []
+        self._inbox: list[InFlight] = []
         self._aborts: list[int] = []
         self._stopping = False
         self._abort_everything = False
+        self._start_wanted = False
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
         self._thread: threading.Thread | None = None
         self._state = ContainerState.COLD
-        self._engine: Engine | None = None
-        self._loop: StepLoop | None = None
-        self._profile: EngineProfile | None = None
-        self._handles: dict[int, tuple[Request, RequestHandle]] = {}
-        self._queued_ids: set[int] = set()
+        self._worker: WorkerProcess | None = None
+        self._profile: EngineProfile | None = deps.spec.profile
+        self._inflight: dict[int, InFlight] = {}
+        self._load = LoadState()
         self._idle_since_s: float | None = None
         self._last_load_s: float | None = None
-        self._snapshot = ContainerSnapshot(container_id, self._state, 0, 0, 0, 0, None)
+        self._pid: int | None = None
+        self.ready = threading.Event()
+        self.kv_capacity_tokens: int | None = None
+        self.start_error: str | None = None
 
     @property
     def state(self) -> ContainerState:
         return self._state
 
-    def start(self, engine: Engine | None = None) -> None:
-        """Start the thread; with ``engine`` the container starts warm on it."""
-        if engine is not None:
-            self._install(engine, load_s=None)
+    def start(self, warm: bool = False) -> None:
+        """Start the container thread; with ``warm`` its worker is spawned at once."""
+        self._start_wanted = warm
         self._thread = threading.Thread(
             target=self._run, name=f"tokenpace-container-{self.container_id}", daemon=True
         )
         self._thread.start()
 
-    def submit(self, request: Request, handle: RequestHandle) -> None:
-        """Queue ``request``; its events go to ``handle``. Raises RuntimeError once the
-        container is stopping."""
+    def submit(self, inflight: InFlight) -> None:
+        """Queue a request. Raises RuntimeError once the container is stopping."""
         with self._cond:
             if self._stopping:
-                raise RuntimeError("the server is shutting down")
-            self._inbox.append((request, handle))
-            self._cond.notify()
+                raise RuntimeError(SHUTTING_DOWN)
+            self._inbox.append(inflight)
+        self._wake()
 
     def abort(self, request_id: int) -> None:
-        """Abort ``request_id`` at the start of the next step (no-op once it finished)."""
+        """Abort ``request_id`` before the worker's next step (no-op once it finished)."""
         with self._cond:
             self._aborts.append(request_id)
-            self._cond.notify()
+        self._wake()
 
     def abort_all(self) -> None:
-        """Abort every request here at the start of the next step."""
         with self._cond:
             self._abort_everything = True
-            self._cond.notify()
+        self._wake()
 
     def stop(self, timeout_s: float) -> None:
-        """Abort everything still here, stop the thread and drop the engine."""
+        """Abort everything here, shut the worker down and end the thread."""
         with self._cond:
             self._stopping = True
-            self._cond.notify()
+        self._wake()
         if self._thread is not None:
-            self._thread.join(timeout_s)
+            self._thread.join(timeout_s + self._deps.stop_timeout_s)
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def snapshot(self) -> ContainerSnapshot:
-        """Load as of the last step, plus requests still in the inbox."""
         with self._cond:
-            snap = self._snapshot
-            inbox_tokens = sum(r.num_prompt_tokens + r.max_tokens for r, _ in self._inbox)
+            requests = [*self._inflight.values(), *self._inbox]
+            running = sum(1 for r in requests if r.admitted)
+            outstanding = sum(r.outstanding_tokens for r in requests)
             return ContainerSnapshot(
                 self.container_id,
                 self._state,
-                snap.num_waiting + len(self._inbox),
-                snap.num_running,
-                snap.outstanding_tokens + inbox_tokens,
-                snap.num_used_blocks,
+                len(requests) - running,
+                running,
+                outstanding,
+                self._load.num_used_blocks,
                 self._last_load_s,
-                self._queue_wait_s(snap.outstanding_tokens + inbox_tokens),
+                self._queue_wait_s(outstanding),
+                self._pid,
             )
 
     def _queue_wait_s(self, outstanding_tokens: int) -> float:
@@ -153,53 +202,76 @@ class ServerContainer:
             return 0.0
         return outstanding_tokens * profile.l_min_ms / profile.b0 / 1000.0
 
-    # -- engine thread -------------------------------------------------------------
+    def _wake(self) -> None:
+        # A full pipe means a wake-up is already pending; a closed one, the container is gone.
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"x")
+
+    # -- container thread ----------------------------------------------------------
 
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not (
-                    self._inbox
-                    or self._aborts
-                    or self._stopping
-                    or self._abort_everything
-                    or self._busy()
-                ):
-                    timeout = self._keep_alive_left()
-                    if timeout is not None and timeout <= 0:
-                        self._go_cold()
-                        timeout = None
-                    self._cond.wait(timeout)
                 inbox, self._inbox = self._inbox, []
                 aborts, self._aborts = self._aborts, []
                 stopping = self._stopping
                 abort_everything, self._abort_everything = self._abort_everything, False
-            if stopping or abort_everything:
-                for request, handle in inbox:
-                    self._finish_unqueued(request, handle, "the server is shutting down")
-                self._abort_all()
-                if stopping:
-                    self._drop_engine()
-                    return
+                for inflight in inbox:
+                    self._inflight[inflight.request.request_id] = inflight
+            if stopping:
+                self._shut_down()
+                return
+            if abort_everything:
+                aborts = list(self._inflight)
+            if self._worker is None and aborts:
+                self._abort_unsent(aborts)
+            if self._worker is None and (self._inflight or self._start_wanted):
+                self._start_worker()
                 continue
-            try:
-                if inbox and self._loop is None:
-                    self._load()
-                self._apply(inbox, aborts)
-                self._step()
-            except Exception as error:  # any engine failure: fail requests, rebuild later
-                logger.exception("container %d: engine step failed", self.container_id)
-                self._fail_all(f"engine error: {type(error).__name__}: {error}")
+            if self._worker is not None:
+                try:
+                    self._forward(inbox, aborts)
+                except WorkerGone as gone:
+                    self._worker_died(str(gone))
+                    continue
+            self._wait_and_read()
 
-    def _busy(self) -> bool:
-        return self._loop is not None and self._loop.has_work
+    def _forward(self, inbox: list[InFlight], aborts: list[int]) -> None:
+        worker = self._worker
+        assert worker is not None
+        fresh = [i.work_item() for i in inbox if i.request.request_id in self._inflight]
+        if fresh:
+            worker.send(Submit(tuple(fresh)))
+        known = [rid for rid in aborts if rid in self._inflight]
+        if known:
+            worker.send(Abort(tuple(known)))
+
+    def _wait_and_read(self) -> None:
+        worker = self._worker
+        timeout = self._keep_alive_left()
+        sources: list[object] = [self._wake_r]
+        if worker is not None:
+            sources += [worker.conn, worker.sentinel]
+        ready = wait(sources, timeout)  # type: ignore[arg-type]
+        if self._wake_r in ready:
+            os.read(self._wake_r, 4096)
+        if worker is not None and ready and (worker.conn in ready or worker.sentinel in ready):
+            try:
+                self._handle(worker.read_available())
+            except WorkerGone as gone:
+                self._worker_died(str(gone))
+                return
+        left = self._keep_alive_left()
+        if left is not None and left <= 0:
+            self._go_cold()
 
     def _keep_alive_left(self) -> float | None:
         keep_alive = self._deps.keep_alive_s
-        if keep_alive is None or self._state is not ContainerState.WARM:
+        if keep_alive is None or self._worker is None or self._idle_since_s is None:
             return None
-        if self._idle_since_s is None:
-            return None
+        with self._cond:
+            if self._inflight or self._inbox:
+                return None
         return self._idle_since_s + keep_alive - self._deps.clock()
 
     def _set_state(self, state: ContainerState) -> None:
@@ -207,178 +279,195 @@ class ServerContainer:
             self._state = state
         self._deps.on_state_change()
 
-    def _load(self) -> None:
+    def _spec(self) -> WorkerSpec:
+        return replace(self._deps.spec, profile=self._profile)
+
+    def _start_worker(self) -> None:
+        """Spawn a worker and wait for it to load (new requests queue meanwhile)."""
+        self._start_wanted = False
         self._set_state(ContainerState.LOADING)
         start = self._deps.clock()
-        engine = self._deps.engine_factory()
+        name = f"tokenpace-engine-{self.container_id}"
+        try:
+            worker = WorkerProcess.start(self._spec(), name)
+            ready = worker.wait_ready(lambda: self._stopping)
+        except (WorkerGone, OSError) as error:
+            logger.error("container %d: the engine failed to start: %s", self.container_id, error)
+            self.start_error = str(error)
+            self._set_state(ContainerState.COLD)
+            self.ready.set()
+            self._fail(list(self._inflight.values()), f"the engine failed to start: {error}")
+            return
         load_s = self._deps.clock() - start
         self._deps.metrics.observe_cold_start(load_s)
-        self._install(engine, load_s)
-        self._deps.on_state_change()
-
-    def _install(self, engine: Engine, load_s: float | None) -> None:
-        if self._profile is None:
-            self._profile = self._deps.profile_builder(engine)
-        self._engine = engine
-        self._loop = StepLoop(self._deps.policy_factory(self._profile), engine, record_steps=False)
-        self._idle_since_s = self._deps.clock()
+        self._worker = worker
+        self._profile = ready.profile
+        self.kv_capacity_tokens = ready.kv_capacity_tokens
+        self.start_error = None
         with self._cond:
-            self._state = ContainerState.WARM
-            if load_s is not None:
-                self._last_load_s = load_s
+            self._pid = ready.pid
+            self._last_load_s = load_s
+        self._idle_since_s = self._deps.clock()
+        self._set_state(ContainerState.WARM)
+        self.ready.set()
+        logger.info(
+            "container %d: engine process %d ready in %.1f s", self.container_id, ready.pid, load_s
+        )
+        # Everything accepted while loading goes to the new worker.
+        try:
+            self._forward(list(self._inflight.values()), [])
+        except WorkerGone as gone:
+            self._worker_died(str(gone))
 
     def _go_cold(self) -> None:
-        """Drop the engine (lock held; nothing is running)."""
-        self._engine = None
-        self._loop = None
-        self._idle_since_s = None
-        self._state = ContainerState.COLD
-        gc.collect()
-        self._deps.on_state_change()
-
-    def _drop_engine(self) -> None:
-        self._engine = None
-        self._loop = None
+        worker = self._worker
+        if worker is None:
+            return
+        logger.info("container %d: idle past keep-alive, going cold", self.container_id)
+        self._handle(worker.stop(self._deps.stop_timeout_s))
+        self._worker = None
+        with self._cond:
+            self._pid = None
+        self._load = LoadState()
+        self._publish()
         self._set_state(ContainerState.COLD)
 
-    def _apply(self, inbox: list[tuple[Request, RequestHandle]], aborts: list[int]) -> None:
-        loop = self._loop
-        assert loop is not None or not inbox
-        now = self._deps.clock()
-        events: list[tuple[RequestHandle, Event]] = []
-        for request, handle in inbox:
-            assert loop is not None
-            try:
-                loop.add_request(request, now)
-            except ValueError as error:
-                self._finish_unqueued(request, handle, str(error))
-                continue
-            self._handles[request.request_id] = (request, handle)
-            self._queued_ids.add(request.request_id)
-        for request_id in aborts:
-            if loop is None or request_id not in self._handles:
-                continue
-            aborted = loop.abort(request_id, now)
-            if aborted is not None:
-                events.append(self._retire(aborted, None))
-        post_events(events)
-
-    def _step(self) -> None:
-        loop = self._loop
-        if loop is None or not loop.has_work:
-            self._publish()
-            return
-        step = loop.begin_step(self._deps.clock())
-        self._release_admitted()
-        events: list[tuple[RequestHandle, Event]] = []
-        if step is None:
-            # Work that cannot run yet (nothing fits): wait a little instead of spinning.
-            with self._cond:
-                self._cond.wait(_RETRY_WAIT_S)
-        else:
-            done = loop.complete_step(step, self._deps.clock())
-            events.extend(self._deliver_tokens(step))
-            events.extend(self._retire(r, None) for r in done)
-        loop.finished.clear()
-        if not loop.has_work:
-            self._idle_since_s = self._deps.clock()
-        post_events(events)
+    def _shut_down(self) -> None:
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            self._handle(worker.stop(self._deps.stop_timeout_s))
+        with self._cond:
+            leftover = [*self._inflight.values(), *self._inbox]
+            self._inbox = []
+        self._finish_locally(leftover)
+        self._load = LoadState()
         self._publish()
+        self._set_state(ContainerState.COLD)
 
-    def _release_admitted(self) -> None:
-        admitted = [rid for rid in self._queued_ids if self._handles[rid][0].admitted_s is not None]
-        for rid in admitted:
-            self._queued_ids.discard(rid)
-            self._deps.admission.release(rid)
+    def _worker_died(self, description: str) -> None:
+        """The worker is gone: place or fail its requests and start a new one."""
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.reap()
+        logger.error("container %d: %s", self.container_id, description)
+        self._deps.metrics.engine_restarts.labels(self._deps.metrics.model_name).inc()
+        with self._cond:
+            self._pid = None
+            orphans = list(self._inflight.values())
+            self._inflight.clear()
+        self._load = LoadState()
+        self._publish()
+        self._set_state(ContainerState.COLD)
+        placed = [o for o in orphans if o.retries < 1]
+        unplaced = [o for o in orphans if o.retries >= 1]
+        for orphan in placed:
+            orphan.retries += 1
+        leftover = self._deps.on_orphans(self.container_id, placed) if placed else []
+        self._deps.metrics.observe_migrations(len(placed) - len(leftover))
+        self._fail([*leftover, *unplaced], description)
+        self._start_wanted = not self._stopping
 
-    def _deliver_tokens(self, step: InFlightStep) -> list[tuple[RequestHandle, Event]]:
+    # -- reports -------------------------------------------------------------------
+
+    def _handle(self, messages: Sequence[Message]) -> None:
+        events: list[tuple[RequestHandle, Event]] = []
+        for message in messages:
+            if isinstance(message, Report):
+                events.extend(self._apply_report(message))
+            elif isinstance(message, Ready):  # pragma: no cover - only sent once, at start
+                continue
+        post_events(events)
+
+    def _apply_report(self, report: Report) -> list[tuple[RequestHandle, Event]]:
         metrics = self._deps.metrics
         events: list[tuple[RequestHandle, Event]] = []
-        for request_id in step.result.sampled_token_ids:
-            request, handle = self._handles[request_id]
-            times = request.token_times_s
-            if len(times) == 1:
-                admitted = request.admitted_s if request.admitted_s is not None else times[0]
-                metrics.observe_first_token(
-                    times[0] - request.arrival_s, admitted - request.arrival_s
-                )
-            elif len(times) > 1:
-                metrics.observe_itl(times[-1] - times[-2])
-            events.append((handle, TokenEvent(request.output_token_ids[-1], times[-1])))
-        metrics.observe_tokens(len(events))
+        for request_id, admitted_s in report.admitted:
+            inflight = self._inflight.get(request_id)
+            if inflight is None or inflight.admitted:
+                continue
+            inflight.admitted = True
+            self._deps.admission.release(request_id)
+            if inflight.retries == 0:
+                metrics.observe_queue_time(admitted_s - inflight.request.arrival_s)
+        for request_id, token_id, time_s in report.tokens:
+            inflight = self._inflight.get(request_id)
+            if inflight is None:
+                continue
+            if inflight.last_token_s is None:
+                metrics.observe_first_token(time_s - inflight.request.arrival_s)
+            else:
+                metrics.observe_itl(time_s - inflight.last_token_s)
+            inflight.delivered.append(token_id)
+            inflight.last_token_s = time_s
+            events.append((inflight.handle, TokenEvent(token_id, time_s)))
+        metrics.observe_tokens(len(report.tokens))
+        for finished in report.finished:
+            with self._cond:
+                inflight = self._inflight.pop(finished.request_id, None)
+            if inflight is not None:
+                events.append(self._finish_event(inflight, finished))
+        self._load = report.load
+        with self._cond:
+            idle = not self._inflight and not self._inbox
+        if idle:
+            self._idle_since_s = self._deps.clock()
+        self._publish()
         return events
 
-    def _retire(self, request: Request, error: str | None) -> tuple[RequestHandle, Event]:
-        """Forget a request that left the loop and build its finish event."""
-        _, handle = self._handles.pop(request.request_id)
-        self._queued_ids.discard(request.request_id)
+    def _finish_event(
+        self, inflight: InFlight, finished: Finished
+    ) -> tuple[RequestHandle, FinishEvent]:
+        request = inflight.request
         self._deps.admission.release(request.request_id)
-        reason = None if error is not None else request.finish_reason
         e2e = None
-        if request.finished_s is not None and request.token_times_s:
-            e2e = request.token_times_s[-1] - request.arrival_s
-        self._deps.metrics.observe_finish(reason, e2e, request.num_prompt_tokens)
-        event = FinishEvent(reason, request.num_prompt_tokens, request.num_output_tokens, error)
-        return handle, event
+        done = finished.reason in (FinishReason.LENGTH, FinishReason.STOP)
+        if done and inflight.last_token_s is not None:
+            e2e = inflight.last_token_s - request.arrival_s
+        self._deps.metrics.observe_finish(finished.reason, e2e, request.num_prompt_tokens)
+        event = FinishEvent(
+            finished.reason, request.num_prompt_tokens, len(inflight.delivered), finished.error
+        )
+        return inflight.handle, event
 
-    def _finish_unqueued(self, request: Request, handle: RequestHandle, error: str) -> None:
-        self._deps.admission.release(request.request_id)
-        self._deps.metrics.observe_finish(None, None, request.num_prompt_tokens)
-        post_events([(handle, FinishEvent(None, request.num_prompt_tokens, 0, error))])
-
-    def _abort_all(self) -> None:
-        loop = self._loop
-        events: list[tuple[RequestHandle, Event]] = []
-        now = self._deps.clock()
-        for request_id in list(self._handles):
-            request = loop.abort(request_id, now) if loop is not None else None
-            if request is None:
-                request = self._handles[request_id][0]
-                request.finish_reason = FinishReason.ABORT
-            events.append(self._retire(request, None))
+    def _fail(self, requests: Sequence[InFlight], error: str) -> None:
+        events = []
+        for inflight in requests:
+            with self._cond:
+                self._inflight.pop(inflight.request.request_id, None)
+            events.append(self._finish_event(inflight, Finished(0, None, 0, error)))
         post_events(events)
-        self._publish()
 
-    def _fail_all(self, error: str) -> None:
-        events = [self._retire(request, error) for request, _ in list(self._handles.values())]
+    def _abort_unsent(self, request_ids: Sequence[int]) -> None:
+        """Abort requests no worker has seen yet (the container is cold or loading)."""
+        with self._cond:
+            gone = [self._inflight[rid] for rid in request_ids if rid in self._inflight]
+        events = [self._finish_event(i, Finished(0, FinishReason.ABORT, 0)) for i in gone]
+        for inflight in gone:
+            with self._cond:
+                self._inflight.pop(inflight.request.request_id, None)
         post_events(events)
-        self._deps.metrics.engine_restarts.labels(self._deps.metrics.model_name).inc()
-        self._drop_engine()
-        self._publish()
+
+    def _finish_locally(self, requests: Sequence[InFlight]) -> None:
+        """End requests no worker holds any more: unadmitted ones fail (the server is
+        shutting down), admitted ones count as aborted."""
+        events = []
+        for inflight in requests:
+            with self._cond:
+                self._inflight.pop(inflight.request.request_id, None)
+            if inflight.admitted:
+                finished = Finished(0, FinishReason.ABORT, 0)
+            else:
+                finished = Finished(0, None, 0, SHUTTING_DOWN)
+            events.append(self._finish_event(inflight, finished))
+        post_events(events)
 
     def _publish(self) -> None:
-        """Refresh the snapshot and the per-container gauges after a step."""
-        loop, engine = self._loop, self._engine
-        if loop is None or engine is None:
-            snapshot = ContainerSnapshot(
-                self.container_id, self._state, 0, 0, 0, 0, self._last_load_s
-            )
-            telemetry: dict[str, float] = {}
-            total = 1
-        else:
-            outstanding = sum(
-                r.num_uncomputed_tokens + r.remaining_output_tokens
-                for r in (*loop.running, *loop.waiting)
-            )
-            used = engine.num_total_blocks - engine.num_free_blocks
-            snapshot = ContainerSnapshot(
-                self.container_id,
-                self._state,
-                len(loop.waiting),
-                len(loop.running),
-                outstanding,
-                used,
-                self._last_load_s,
-            )
-            telemetry = dict(loop.policy.telemetry())
-            total = engine.num_total_blocks
-        with self._cond:
-            self._snapshot = snapshot
+        load = self._load
         self._deps.metrics.observe_step(
             self.container_id,
-            snapshot.num_running,
-            snapshot.num_waiting,
-            snapshot.num_used_blocks,
-            total,
-            telemetry,
+            load.num_running,
+            load.num_waiting,
+            load.num_used_blocks,
+            load.num_total_blocks,
+            load.telemetry,
         )

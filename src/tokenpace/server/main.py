@@ -1,48 +1,41 @@
-"""Assemble and run ``tokenpace serve``: engine factory, pool, service, app, uvicorn."""
+"""Assemble and run ``tokenpace serve``: checkpoint, tokenizer, pool, service, app, uvicorn."""
 
 from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from pathlib import Path
 
 from fastapi import FastAPI
 
 from tokenpace.core.registry import UnknownNameError
-from tokenpace.engine.base import Engine
-from tokenpace.policy import POLICIES, build_policy
+from tokenpace.policy import POLICIES
 from tokenpace.pool.router import ROUTERS, build_router
 from tokenpace.server.admission import AdmissionQueue, QueueBounds
 from tokenpace.server.app import ABORT_GRACE_S, build_app
 from tokenpace.server.container import ContainerDeps
+from tokenpace.server.engines import ENGINE_CONFIGS, load_tokenizer, prepare_checkpoint
 from tokenpace.server.metrics import ServerMetrics
 from tokenpace.server.options import ServeOptions
 from tokenpace.server.pool import ServerPool
-from tokenpace.server.profile import calibrate_profile
 from tokenpace.server.routes import RouteConfig
 from tokenpace.server.service import ModelLimits, Service
 from tokenpace.server.uvicorn_server import DrainingServer
+from tokenpace.server.worker.wire import Calibration, WorkerSpec
 
 logger = logging.getLogger("tokenpace.server")
 
 
-class ServedEngine(Engine, Protocol):
-    """An engine that also carries the tokenizer of its model."""
-
-    @property
-    def tokenizer(self) -> Any: ...
-
-
-EngineFactory = Callable[[], ServedEngine]
+class EngineStartError(RuntimeError):
+    """The first engine of the pool could not start; the message says why."""
 
 
 @dataclass(frozen=True, slots=True)
 class Server:
-    """A built server: ``app`` is ready for uvicorn, the pool threads are running."""
+    """A built server: ``app`` is ready for uvicorn, the pool's containers are running."""
 
     app: FastAPI
     service: Service
@@ -51,33 +44,10 @@ class Server:
     options: ServeOptions
 
 
-def native_engine_factory(options: ServeOptions) -> EngineFactory:
-    """Each call loads the model from its cached safetensors tier (a real cold start)."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    # Spinning OpenMP workers starve the event loop and the other containers' threads.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    from tokenpace.engine.native import NativeEngine, NativeEngineConfig
-
-    config = NativeEngineConfig(
-        model=options.model,
-        cache_dir=options.cache_dir,
-        dtype=options.dtype,
-        device=options.device,
-        num_threads=options.num_threads,
-        kv_cache_tokens=options.kv_cache_tokens,
-        max_model_len=options.max_model_len,
-        max_num_seqs=options.max_num_seqs,
-    )
-
-    def load() -> ServedEngine:
-        return NativeEngine.load(config, clock=time.perf_counter)
-
-    return load
-
-
 def check_names(options: ServeOptions) -> None:
-    """Raise ValueError naming the flag when the scheduler or router is unknown."""
+    """Raise ValueError naming the flag when the engine, scheduler or router is unknown."""
     for flag, registry, name in (
+        ("--engine", ENGINE_CONFIGS, options.engine),
         ("--scheduler", POLICIES, options.scheduler),
         ("--router", ROUTERS, options.router),
     ):
@@ -87,46 +57,55 @@ def check_names(options: ServeOptions) -> None:
             raise ValueError(f"{flag}: {error}") from None
 
 
+def worker_spec(options: ServeOptions, checkpoint_dir: Path) -> WorkerSpec:
+    """What each container's worker process builds its engine from."""
+    cache_dir = options.cache_dir if options.cache_dir is not None else checkpoint_dir.parent
+    return WorkerSpec(
+        engine=options.engine,
+        engine_config=ENGINE_CONFIGS.get(options.engine)(options, checkpoint_dir),
+        policy=options.scheduler,
+        calibration=Calibration(
+            options.model_name, options.b0, options.mean_output_tokens, options.max_model_len
+        ),
+        build_dir=cache_dir / f"{options.engine}-runtime",
+    )
+
+
 def build_server(
     options: ServeOptions,
-    engine_factory: EngineFactory | None = None,
     clock: Callable[[], float] = time.perf_counter,
     unix_clock: Callable[[], float] = time.time,
 ) -> Server:
-    """Load the first engine (container 0 starts warm on it), start the pool threads and
-    build the app. Other containers start cold and load on their first request."""
+    """Prepare the checkpoint, start the pool (the first ``warm_containers`` engines load
+    now; the first must come up before this returns) and build the app. Raises
+    EngineStartError when the first engine fails to start."""
     check_names(options)
-    factory = engine_factory if engine_factory is not None else native_engine_factory(options)
+    checkpoint_dir = prepare_checkpoint(options)
+    tokenizer = load_tokenizer(checkpoint_dir)
     metrics = ServerMetrics(options.model_name)
     admission = AdmissionQueue(QueueBounds(options.max_queued_requests, options.max_queued_tokens))
-    first = factory()
     deps = ContainerDeps(
-        engine_factory=factory,
-        policy_factory=lambda profile: build_policy(options.scheduler, profile),
-        profile_builder=lambda engine: calibrate_profile(
-            engine,
-            clock,
-            options.model_name,
-            options.b0,
-            options.mean_output_tokens,
-            options.max_model_len,
-        ),
+        spec=worker_spec(options, checkpoint_dir),
         clock=clock,
         metrics=metrics,
         admission=admission,
         keep_alive_s=options.keep_alive_s,
         on_state_change=lambda: None,
+        stop_timeout_s=options.shutdown_timeout_s,
     )
     pool = ServerPool(options.containers, build_router(options.router), deps)
-    pool.start(first)
+    pool.start(num_warm=options.warm_containers)
+    first = pool.containers[0]
+    if not first.ready.wait(options.start_timeout_s) or first.kv_capacity_tokens is None:
+        error = first.start_error or f"not ready after {options.start_timeout_s} s"
+        pool.stop(options.shutdown_timeout_s)
+        raise EngineStartError(f"the {options.engine} engine did not start: {error}")
     limits = ModelLimits(
         max_model_len=options.max_model_len,
-        kv_capacity_tokens=first.num_total_blocks * first.block_size,
+        kv_capacity_tokens=first.kv_capacity_tokens,
         default_max_tokens=options.default_max_tokens,
     )
-    service = Service(
-        pool, admission, first.tokenizer, metrics, limits, clock, options.retry_after_s
-    )
+    service = Service(pool, admission, tokenizer, metrics, limits, clock, options.retry_after_s)
     route_config = RouteConfig(
         model_name=options.model_name,
         api_key=options.api_key,

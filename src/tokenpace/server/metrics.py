@@ -120,20 +120,39 @@ class ServerMetrics:
             registry=r,
         )
         self.migrations = Counter(
-            "tokenpace:migrations", "Live migrations between containers.", m, registry=r
+            "tokenpace:migrations",
+            "In-flight requests moved to another container, resuming after their delivered "
+            "tokens (their engine died).",
+            m,
+            registry=r,
         )
         self.engine_restarts = Counter(
-            "tokenpace:engine_restarts", "Engines rebuilt after a failed step.", m, registry=r
+            "tokenpace:engine_restarts",
+            "Engine processes that died (failed step, crash or kill) and were restarted.",
+            m,
+            registry=r,
         )
         # Touch the unlabelled-by-container series so they read 0 before any traffic.
-        for counter in (self.aborts, self.failures, self.cold_starts, self.migrations):
+        for counter in (
+            self.aborts,
+            self.failures,
+            self.cold_starts,
+            self.migrations,
+            self.engine_restarts,
+        ):
             counter.labels(model_name)
         for reason in ("queue_full", "shutting_down"):
             self.rejected.labels(model_name, reason)
 
-    def observe_first_token(self, ttft_s: float, queue_time_s: float) -> None:
+    def observe_first_token(self, ttft_s: float) -> None:
         self.ttft.labels(self.model_name).observe(ttft_s)
+
+    def observe_queue_time(self, queue_time_s: float) -> None:
         self.queue_time.labels(self.model_name).observe(queue_time_s)
+
+    def observe_migrations(self, num_requests: int) -> None:
+        """Requests of a dead engine resumed on another container."""
+        self.migrations.labels(self.model_name).inc(num_requests)
 
     def observe_itl(self, gap_s: float) -> None:
         self.itl.labels(self.model_name).observe(gap_s)

@@ -7,6 +7,8 @@ from pathlib import Path
 
 from tokenpace.core.config import option, require_positive
 
+ENGINES = ("native", "vllm")
+
 
 @dataclass(frozen=True, slots=True)
 class ServeOptions:
@@ -15,7 +17,9 @@ class ServeOptions:
 
     host: str = option("127.0.0.1", "Address to bind.")
     port: int = option(8000, "TCP port to bind (0 picks a free one).")
-    engine: str = option("native", "Engine: 'native' (PyTorch + transformers).")
+    engine: str = option(
+        "native", "Engine: 'native' (PyTorch + transformers) or 'vllm' (vLLM V1, TWP inside)."
+    )
     model: str = option("smollm2", "'smollm2' (embedded), a local HF directory or a .gguf file.")
     served_model_name: str | None = option(
         None, "Model name clients send and /v1/models lists (default: the model's name)."
@@ -23,6 +27,9 @@ class ServeOptions:
     scheduler: str = option("twp", "Admission policy run every step (see the policy registry).")
     router: str = option("least_loaded", "Router choosing a container for each request.")
     containers: int = option(1, "Engine containers in the pool (each holds its own model).")
+    warm_containers: int = option(
+        1, "Containers whose engine loads with the server; the others start cold."
+    )
     keep_alive_s: float | None = option(
         None, "Seconds an idle container stays warm before going cold (None: never)."
     )
@@ -52,6 +59,9 @@ class ServeOptions:
     disconnect_poll_s: float = option(
         0.25, "How often a non-streaming request checks that its client is still there (s)."
     )
+    start_timeout_s: float = option(
+        600.0, "Seconds the first engine may take to load before the server gives up."
+    )
     log_level: str = option("info", "uvicorn log level.")
 
     def __post_init__(self) -> None:
@@ -70,14 +80,20 @@ class ServeOptions:
             "retry_after_s",
             "shutdown_timeout_s",
             "disconnect_poll_s",
+            "start_timeout_s",
         )
         if not 0 <= self.port < 65536:
             raise ValueError(f"ServeOptions.port must be in [0, 65535], got {self.port}")
         if self.keep_alive_s is not None and not self.keep_alive_s > 0:
             raise ValueError(f"ServeOptions.keep_alive_s must be > 0, got {self.keep_alive_s}")
-        if self.engine != "native":
+        if self.engine not in ENGINES:
             raise ValueError(
-                f"ServeOptions.engine {self.engine!r} is not served; valid choices: native"
+                f"--engine {self.engine!r} is not served; valid choices: {', '.join(ENGINES)}"
+            )
+        if not 1 <= self.warm_containers <= self.containers:
+            raise ValueError(
+                f"--warm-containers must be in [1, --containers={self.containers}], "
+                f"got {self.warm_containers}"
             )
 
     @property

@@ -1,9 +1,10 @@
 """The server's pool: N containers, a router from the pool registry, and request ids.
 
 Routing reuses the simulator's routers: each container's snapshot becomes a
-``ContainerView``. Startup time of a cold container is its last measured load time (or the
-first container's, before it has loaded once); queued work is estimated at the profile's
-decode rate.
+``ContainerView``. Startup time of a cold container is its last measured load time (or
+the longest measured so far, before it has loaded once); queued work is estimated at the
+profile's decode rate. The in-flight requests of a container whose engine died are routed
+again among the other containers and resume from the tokens already delivered.
 """
 
 from __future__ import annotations
@@ -11,13 +12,17 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import Counter
+from dataclasses import replace
 
-from tokenpace.core.request import Request
 from tokenpace.pool.container import ContainerState
 from tokenpace.pool.router import Router
 from tokenpace.pool.view import ContainerView
-from tokenpace.server.container import ContainerDeps, ContainerSnapshot, ServerContainer
-from tokenpace.server.events import RequestHandle
+from tokenpace.server.container import (
+    ContainerDeps,
+    ContainerSnapshot,
+    InFlight,
+    ServerContainer,
+)
 from tokenpace.server.metrics import ServerMetrics
 
 
@@ -29,44 +34,28 @@ class ServerPool:
         self.metrics: ServerMetrics = deps.metrics
         self._ids = itertools.count()
         self._lock = threading.Lock()
-        deps_with_hook = ContainerDeps(
-            engine_factory=deps.engine_factory,
-            policy_factory=deps.policy_factory,
-            profile_builder=deps.profile_builder,
-            clock=deps.clock,
-            metrics=deps.metrics,
-            admission=deps.admission,
-            keep_alive_s=deps.keep_alive_s,
-            on_state_change=self._on_state_change,
-        )
-        self.containers = [ServerContainer(i, deps_with_hook) for i in range(num_containers)]
+        shared = replace(deps, on_state_change=self._on_state_change, on_orphans=self._resubmit)
+        self.containers = [ServerContainer(i, shared) for i in range(num_containers)]
 
     def next_request_id(self) -> int:
         with self._lock:
             return next(self._ids)
 
-    def start(self, first_engine: object | None = None) -> None:
-        """Start every container thread; container 0 starts warm on ``first_engine``."""
+    def start(self, num_warm: int = 1) -> None:
+        """Start every container thread; the first ``num_warm`` spawn their engine now."""
         for container in self.containers:
-            engine = first_engine if container.container_id == 0 else None
-            container.start(engine)  # type: ignore[arg-type]
+            container.start(warm=container.container_id < num_warm)
         self._on_state_change()
 
-    def submit(self, request: Request, handle: RequestHandle) -> int:
-        """Route ``request`` and queue it there; returns the container id."""
-        with self._lock:
-            snapshots = self.snapshots()
-            known = [s.last_load_s for s in snapshots if s.last_load_s is not None]
-            fallback_load_s = max(known, default=0.0)
-            views = [self._view(s, fallback_load_s) for s in snapshots]
-            container_id = self.router.route(request, views)
-        request.container_id = container_id
-        self.containers[container_id].submit(request, handle)
-        return container_id
+    def submit(self, inflight: InFlight) -> int:
+        """Route a request and queue it there; returns the container id. Raises
+        RuntimeError once the pool is stopping."""
+        return self._route_and_submit(inflight, exclude=None)
 
-    def abort(self, request: Request) -> None:
-        if request.container_id is not None:
-            self.containers[request.container_id].abort(request.request_id)
+    def abort(self, inflight: InFlight) -> None:
+        container_id = inflight.request.container_id
+        if container_id is not None:
+            self.containers[container_id].abort(inflight.request.request_id)
 
     def snapshots(self) -> list[ContainerSnapshot]:
         return [c.snapshot() for c in self.containers]
@@ -79,8 +68,38 @@ class ServerPool:
             container.abort_all()
 
     def stop(self, timeout_s: float) -> None:
-        for container in self.containers:
-            container.stop(timeout_s)
+        """Stop every container (in parallel: each shuts its own worker down)."""
+        threads = [
+            threading.Thread(target=c.stop, args=(timeout_s,), daemon=True) for c in self.containers
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+    def _route_and_submit(self, inflight: InFlight, exclude: int | None) -> int:
+        with self._lock:
+            snapshots = [s for s in self.snapshots() if s.container_id != exclude]
+            if not snapshots:
+                raise RuntimeError("no other container to run the request on")
+            known = [s.last_load_s for s in snapshots if s.last_load_s is not None]
+            fallback_load_s = max(known, default=0.0)
+            views = [self._view(s, fallback_load_s) for s in snapshots]
+            container_id = self.router.route(inflight.request, views)
+            inflight.request.container_id = container_id
+        self.containers[container_id].submit(inflight)
+        return container_id
+
+    def _resubmit(self, dead_id: int, orphans: list[InFlight]) -> list[InFlight]:
+        """Route the requests of container ``dead_id`` to the others; return the ones that
+        found no place (a pool of one container, or one shutting down)."""
+        unplaced = []
+        for inflight in orphans:
+            try:
+                self._route_and_submit(inflight, exclude=dead_id)
+            except RuntimeError:
+                unplaced.append(inflight)
+        return unplaced
 
     @staticmethod
     def _view(snapshot: ContainerSnapshot, fallback_load_s: float) -> ContainerView:

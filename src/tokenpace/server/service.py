@@ -15,6 +15,7 @@ from typing import Any
 from tokenpace.core.request import Request
 from tokenpace.core.sampling import SamplingParams
 from tokenpace.server.admission import AdmissionQueue
+from tokenpace.server.container import InFlight
 from tokenpace.server.errors import ApiError
 from tokenpace.server.events import RequestHandle
 from tokenpace.server.metrics import ServerMetrics
@@ -35,8 +36,15 @@ class ModelLimits:
 class Submission:
     """A request accepted by the pool, and where its events arrive."""
 
-    request: Request
-    handle: RequestHandle
+    inflight: InFlight
+
+    @property
+    def request(self) -> Request:
+        return self.inflight.request
+
+    @property
+    def handle(self) -> RequestHandle:
+        return self.inflight.handle
 
 
 class Service:
@@ -116,13 +124,13 @@ class Service:
             prompt_token_ids=list(prompt_token_ids),
             sampling=sampling,
         )
-        handle = RequestHandle(request_id, asyncio.get_running_loop())
+        inflight = InFlight(request, RequestHandle(request_id, asyncio.get_running_loop()))
         try:
-            self.pool.submit(request, handle)
+            self.pool.submit(inflight)
         except RuntimeError as error:
             self.admission.release(request_id)
             raise ApiError(503, str(error), code="shutting_down") from None
-        return Submission(request, handle)
+        return Submission(inflight)
 
     def abort(self, submission: Submission) -> None:
-        self.pool.abort(submission.request)
+        self.pool.abort(submission.inflight)

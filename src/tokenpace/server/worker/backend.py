@@ -1,0 +1,54 @@
+"""The step-level interface a worker drives, whatever engine sits behind it.
+
+A backend owns one loaded engine and the scheduling policy in charge of it. The worker
+feeds it requests and aborts between steps and calls ``step`` while ``has_work``.
+Backends register under the engine names ``tokenpace serve --engine`` accepts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from tokenpace.core.registry import Registry
+from tokenpace.engine.profile import EngineProfile
+from tokenpace.server.worker.wire import Finished, LoadState, Report, WorkerSpec, WorkItem
+
+Clock = Callable[[], float]
+
+
+class ServingBackend(Protocol):
+    """One engine under one policy, stepped by the worker loop."""
+
+    @property
+    def profile(self) -> EngineProfile:
+        """The profile the policy was built from (measured at load when none was given)."""
+        ...
+
+    @property
+    def kv_capacity_tokens(self) -> int: ...
+
+    @property
+    def has_work(self) -> bool: ...
+
+    def add(self, items: Sequence[WorkItem]) -> list[Finished]:
+        """Queue ``items``; returns a failed ``Finished`` for each one the engine refuses."""
+        ...
+
+    def abort(self, request_ids: Sequence[int]) -> list[Finished]:
+        """Abort the named requests (unknown ids are ignored); their KV is freed now."""
+        ...
+
+    def abort_all(self) -> list[Finished]: ...
+
+    def step(self) -> Report | None:
+        """Run one engine step and report its tokens, admissions and finishes; None when
+        nothing could run (the worker then waits briefly before trying again)."""
+        ...
+
+    def load_state(self) -> LoadState: ...
+
+
+BackendBuilder = Callable[[WorkerSpec, Clock], ServingBackend]
+
+BACKENDS: Registry[BackendBuilder] = Registry("engine")

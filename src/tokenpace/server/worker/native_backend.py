@@ -1,0 +1,144 @@
+"""The native engine (PyTorch + transformers) under a tokenpace policy, in a worker."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from tokenpace.core.request import FinishReason, Request
+from tokenpace.engine.native import NativeEngine, NativeEngineConfig
+from tokenpace.engine.profile import EngineProfile
+from tokenpace.policy import build_policy
+from tokenpace.runtime.step_loop import StepLoop
+from tokenpace.server.profile import calibrate_profile
+from tokenpace.server.worker.backend import BACKENDS, Clock
+from tokenpace.server.worker.wire import Finished, LoadState, Report, WorkerSpec, WorkItem
+
+
+class StepLoopBackend:
+    """A ``StepLoop`` over a loaded engine: the policy plans every step."""
+
+    def __init__(self, engine: NativeEngine, profile: EngineProfile, policy: str, clock: Clock):
+        self._engine = engine
+        self._profile = profile
+        self._clock = clock
+        self._loop = StepLoop(build_policy(policy, profile), engine, record_steps=False)
+        self._requests: dict[int, Request] = {}
+        self._waiting_ids: set[int] = set()
+
+    @property
+    def profile(self) -> EngineProfile:
+        return self._profile
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self._engine.num_total_blocks * self._engine.block_size
+
+    @property
+    def has_work(self) -> bool:
+        return self._loop.has_work
+
+    def add(self, items: Sequence[WorkItem]) -> list[Finished]:
+        refused = []
+        now = self._clock()
+        for item in items:
+            request = Request(
+                request_id=item.request_id,
+                num_prompt_tokens=len(item.prompt_token_ids),
+                max_tokens=item.max_tokens,
+                arrival_s=item.arrival_s,
+                prompt_token_ids=list(item.prompt_token_ids),
+                sampling=item.sampling,
+            )
+            try:
+                self._loop.add_request(request, now)
+            except ValueError as error:
+                refused.append(Finished(item.request_id, None, 0, str(error)))
+                continue
+            self._requests[item.request_id] = request
+            self._waiting_ids.add(item.request_id)
+        return refused
+
+    def abort(self, request_ids: Sequence[int]) -> list[Finished]:
+        now = self._clock()
+        done = []
+        for request_id in request_ids:
+            if request_id not in self._requests:
+                continue
+            aborted = self._loop.abort(request_id, now)
+            request = self._requests.pop(request_id)
+            self._waiting_ids.discard(request_id)
+            count = (aborted or request).num_output_tokens
+            done.append(Finished(request_id, FinishReason.ABORT, count))
+        self._loop.finished.clear()
+        return done
+
+    def abort_all(self) -> list[Finished]:
+        return self.abort(list(self._requests))
+
+    def step(self) -> Report | None:
+        loop = self._loop
+        step = loop.begin_step(self._clock())
+        admitted = self._admitted()
+        if step is None:
+            if admitted:
+                return Report((), admitted, (), self.load_state())
+            return None
+        done = loop.complete_step(step, self._clock())
+        loop.finished.clear()
+        tokens = []
+        for request_id in step.result.sampled_token_ids:
+            request = self._requests[request_id]
+            tokens.append((request_id, request.output_token_ids[-1], request.token_times_s[-1]))
+        finished = []
+        for request in done:
+            self._requests.pop(request.request_id, None)
+            reason = request.finish_reason or FinishReason.LENGTH
+            finished.append(Finished(request.request_id, reason, request.num_output_tokens))
+        return Report(tuple(tokens), admitted, tuple(finished), self.load_state())
+
+    def _admitted(self) -> tuple[tuple[int, float], ...]:
+        admitted = []
+        for request_id in list(self._waiting_ids):
+            request = self._requests.get(request_id)
+            if request is None:
+                self._waiting_ids.discard(request_id)
+            elif request.admitted_s is not None:
+                self._waiting_ids.discard(request_id)
+                admitted.append((request_id, request.admitted_s))
+        return tuple(admitted)
+
+    def load_state(self) -> LoadState:
+        loop, engine = self._loop, self._engine
+        outstanding = sum(
+            r.num_uncomputed_tokens + r.remaining_output_tokens
+            for r in (*loop.running, *loop.waiting)
+        )
+        return LoadState(
+            num_waiting=len(loop.waiting),
+            num_running=len(loop.running),
+            outstanding_tokens=outstanding,
+            num_used_blocks=engine.num_total_blocks - engine.num_free_blocks,
+            num_total_blocks=engine.num_total_blocks,
+            telemetry=dict(loop.policy.telemetry()),
+        )
+
+
+@BACKENDS.register("native")
+def build_native(spec: WorkerSpec, clock: Clock) -> StepLoopBackend:
+    """Load the native engine from ``spec.engine_config`` (a ``NativeEngineConfig``) and
+    measure its profile unless ``spec.profile`` carries one."""
+    config = spec.engine_config
+    if not isinstance(config, NativeEngineConfig):
+        raise TypeError(f"the native engine needs a NativeEngineConfig, got {type(config)}")
+    # Spinning OpenMP workers would starve the other containers sharing these cores.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    engine = NativeEngine.load(config, clock=clock)
+    profile = spec.profile
+    if profile is None:
+        c = spec.calibration
+        profile = calibrate_profile(
+            engine, clock, c.name, c.b0, c.mean_output_tokens, c.max_model_len
+        )
+    return StepLoopBackend(engine, profile, spec.policy, clock)

@@ -1,0 +1,292 @@
+"""vLLM V1 under a tokenpace policy (``TokenpaceScheduler``), in a worker.
+
+The engine core runs in this process (``start_engine``), so every ``step`` is one
+``LLMEngine.step()``: vLLM's scheduler asks the policy what to admit, runs the model and
+returns the new tokens. Admission times come from the scheduler's request mirror, whose
+clock is the worker's, so tokens, admissions and finishes share one timeline.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tokenpace.core.request import FinishReason, Request
+from tokenpace.core.sampling import SamplingParams
+from tokenpace.engine.profile import EngineProfile
+from tokenpace.engine.vllm.config import VllmEngineConfig
+from tokenpace.engine.vllm.runner import policy_for, start_engine
+from tokenpace.server.worker.backend import BACKENDS, Clock
+from tokenpace.server.worker.wire import (
+    Calibration,
+    Finished,
+    LoadState,
+    Report,
+    WorkerSpec,
+    WorkItem,
+)
+
+if TYPE_CHECKING:
+    from tokenpace.engine.vllm.scheduler import TokenpaceScheduler
+
+_FINISH = {"length": FinishReason.LENGTH, "stop": FinishReason.STOP, "abort": FinishReason.ABORT}
+_WARMUP_PROMPT_TOKENS = 32
+_WARMUP_OUTPUT_TOKENS = 6
+_CALIBRATION_POLICY = "fcfs"  # admits the lone request whole: a clean prefill step
+
+
+@dataclass(slots=True)
+class _Live:
+    """One request inside vLLM. ``engine_id``: vLLM's internal id (ours plus a random
+    suffix); ``mirrored``: the scheduler's tokenpace view of it (admission time, progress)."""
+
+    request_id: int
+    engine_id: str
+    mirrored: Request | None
+    num_output_tokens: int = 0
+    admission_reported: bool = False
+
+
+class VllmBackend:
+    """A ``ServingBackend`` over an in-process ``vllm.LLM`` whose scheduler is tokenpace's."""
+
+    def __init__(self, llm: Any, profile: EngineProfile, clock: Clock) -> None:
+        from tokenpace.engine.vllm.scheduler import scheduler_of
+
+        self._llm = llm
+        self._engine: Any = llm.llm_engine
+        self._scheduler: TokenpaceScheduler = scheduler_of(llm)
+        self._profile = profile
+        self._clock = clock
+        self._live: dict[int, _Live] = {}
+        # vLLM reports outputs under the id we passed; its internal id is kept as a fallback.
+        self._by_engine_id: dict[str, int] = {}
+
+    @property
+    def profile(self) -> EngineProfile:
+        return self._profile
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """The whole KV cache (tokens): usable blocks times the block size."""
+        return self._scheduler.num_total_blocks * int(self._scheduler.block_size)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self._engine.has_unfinished_requests())
+
+    def add(self, items: Sequence[WorkItem]) -> list[Finished]:
+        """Queue ``items`` in vLLM; a request vLLM refuses (bad sampling, prompt too long,
+        an id already running) comes back as a failed ``Finished`` instead of raising."""
+        from vllm.exceptions import VLLMClientError
+        from vllm.inputs import TokensPrompt
+
+        refused = []
+        for item in items:
+            if item.request_id in self._live:
+                message = f"request {item.request_id} is already running"
+                refused.append(Finished(item.request_id, None, 0, message))
+                continue
+            try:
+                params = _vllm_sampling(item.sampling, item.max_tokens)
+                prompt = TokensPrompt(prompt_token_ids=list(item.prompt_token_ids))
+                engine_id = str(self._engine.add_request(_external_id(item), prompt, params))
+            except (ValueError, VLLMClientError) as error:
+                refused.append(Finished(item.request_id, None, 0, str(error)))
+                continue
+            mirrored = self._scheduler.mirror.get(engine_id)
+            self._live[item.request_id] = _Live(item.request_id, engine_id, mirrored)
+            self._by_engine_id[_external_id(item)] = item.request_id
+            self._by_engine_id[engine_id] = item.request_id
+        return refused
+
+    def abort(self, request_ids: Sequence[int]) -> list[Finished]:
+        """Abort the named requests in vLLM (unknown ids are ignored); the scheduler frees
+        their KV blocks before this returns. ``num_output_tokens``: tokens reported so far."""
+        aborted = [self._forget(i) for i in dict.fromkeys(request_ids) if i in self._live]
+        if aborted:
+            self._engine.abort_request([live.engine_id for live in aborted], internal=True)
+        return [Finished(a.request_id, FinishReason.ABORT, a.num_output_tokens) for a in aborted]
+
+    def abort_all(self) -> list[Finished]:
+        return self.abort(list(self._live))
+
+    def step(self) -> Report | None:
+        """One ``LLMEngine.step()``; None when vLLM holds no unfinished request. Every token
+        of the step is stamped with the clock read right after it."""
+        if not self._engine.has_unfinished_requests():
+            return None
+        outputs = self._engine.step()
+        now = self._clock()
+        admitted = self._admitted()
+        tokens: list[tuple[int, int, float]] = []
+        finished: list[Finished] = []
+        for output in outputs:
+            request_id = self._by_engine_id.get(str(output.request_id))
+            live = None if request_id is None else self._live.get(request_id)
+            if live is None:
+                continue
+            completion = output.outputs[0]
+            new = [int(t) for t in completion.token_ids]
+            live.num_output_tokens += len(new)
+            tokens.extend((live.request_id, token, now) for token in new)
+            if output.finished:
+                self._forget(live.request_id)
+                finished.append(_finished(live, str(completion.finish_reason)))
+        return Report(tuple(tokens), admitted, tuple(finished), self.load_state())
+
+    def _forget(self, request_id: int) -> _Live:
+        live = self._live.pop(request_id)
+        self._by_engine_id.pop(_external_id_of(request_id), None)
+        self._by_engine_id.pop(live.engine_id, None)
+        return live
+
+    def _admitted(self) -> tuple[tuple[int, float], ...]:
+        """Requests the scheduler admitted since the last report, with its admission time.
+        The mirror's ``Request`` objects are held here, so a request admitted and finished
+        in the same step (the mirror forgets it) is still reported."""
+        admitted = []
+        for live in self._live.values():
+            if live.admission_reported or live.mirrored is None:
+                continue
+            if live.mirrored.admitted_s is not None:
+                live.admission_reported = True
+                admitted.append((live.request_id, live.mirrored.admitted_s))
+        return tuple(admitted)
+
+    def load_state(self) -> LoadState:
+        """Counts from vLLM's scheduler; outstanding tokens from the mirror (its view of
+        computed tokens lags a preemption by at most a step)."""
+        scheduler = self._scheduler
+        num_running, num_waiting = scheduler.get_request_counts()
+        outstanding = sum(
+            live.mirrored.num_uncomputed_tokens + live.mirrored.remaining_output_tokens
+            for live in self._live.values()
+            if live.mirrored is not None
+        )
+        num_total = scheduler.num_total_blocks
+        return LoadState(
+            num_waiting=int(num_waiting),
+            num_running=int(num_running),
+            outstanding_tokens=outstanding,
+            num_used_blocks=num_total - scheduler.num_free_blocks,
+            num_total_blocks=num_total,
+            telemetry=dict(scheduler.tokenpace_policy.telemetry()),
+        )
+
+    def shutdown(self) -> None:
+        """Abort everything and stop the engine core (the worker's exit does this too)."""
+        self.abort_all()
+        self._engine.engine_core.shutdown()
+
+
+@BACKENDS.register("vllm")
+def build_vllm(spec: WorkerSpec, clock: Clock) -> VllmBackend:
+    """Start vLLM from ``spec.engine_config`` (a ``VllmEngineConfig``) with caches under
+    ``spec.build_dir`` (a temporary folder when None), measure its profile unless
+    ``spec.profile`` carries one, and put policy ``spec.policy`` in charge."""
+    from tokenpace.engine.vllm.scheduler import scheduler_of
+
+    config = spec.engine_config
+    if not isinstance(config, VllmEngineConfig):
+        raise TypeError(f"the vllm engine needs a VllmEngineConfig, got {type(config)}")
+    build_dir = spec.build_dir or Path(tempfile.gettempdir()) / "tokenpace-vllm"
+    llm = start_engine(config, spec.policy, build_dir)
+    scheduler = scheduler_of(llm)
+    scheduler.clock = clock
+    profile = spec.profile
+    if profile is None:
+        profile = calibrate_vllm_profile(llm, clock, spec.calibration, config.max_model_len)
+    scheduler.use_policy(policy_for(llm, spec.policy, profile))
+    return VllmBackend(llm, profile, clock)
+
+
+def calibrate_vllm_profile(
+    llm: Any, clock: Clock, calibration: Calibration, max_model_len: int
+) -> EngineProfile:
+    """Run a synthetic request (32 prompt tokens, 6 output tokens, fewer when the model is
+    shorter; greedy, EOS ignored) alone twice under FCFS and return a profile with
+    ``l_min_ms`` = the fastest decode step and ``prefill_ms_per_token`` = the first step of
+    the second pass per prompt token (milliseconds); the first pass is discarded. The
+    engine holds no request afterwards; the caller installs the serving policy."""
+    from tokenpace.engine.vllm.scheduler import scheduler_of
+
+    scheduler = scheduler_of(llm)
+    scheduler.use_policy(_CALIBRATION_POLICY)
+    limit = min(max_model_len, calibration.max_model_len)
+    num_prompt = max(1, min(_WARMUP_PROMPT_TOKENS, limit // 2))
+    num_output = max(1, min(_WARMUP_OUTPUT_TOKENS, limit - num_prompt))
+    _time_request(llm, clock, num_prompt, num_output, "tp-calibration-0")
+    latencies = _time_request(llm, clock, num_prompt, num_output, "tp-calibration-1")
+    prefill_s = latencies[0] if latencies else 0.0
+    decode_s = min(latencies[1:]) if len(latencies) > 1 else prefill_s
+    return EngineProfile(
+        name=calibration.name,
+        l_min_ms=max(decode_s * 1000.0, 1e-3),
+        b0=calibration.b0,
+        alpha_ms=0.0,
+        r2=None,
+        prefill_ms_per_token=prefill_s * 1000.0 / num_prompt,
+        prefill_attention_ms_per_kctx=0.0,
+        mixed_prefill_overhead_ms=0.0,
+        noise_cv=0.0,
+        block_size=int(scheduler.block_size),
+        num_gpu_blocks=scheduler.num_total_blocks,
+        checkpoint_bytes=0,
+        mean_output_tokens=calibration.mean_output_tokens,
+        notes={"source": "measured at server start: one vLLM prefill step and decode steps at B=1"},
+    )
+
+
+def _time_request(
+    llm: Any, clock: Clock, num_prompt: int, num_output: int, external_id: str
+) -> list[float]:
+    """Latencies (seconds) of the engine steps that run one synthetic request alone."""
+    from vllm.inputs import TokensPrompt
+
+    engine = llm.llm_engine
+    params = _vllm_sampling(SamplingParams(ignore_eos=True), num_output)
+    prompt = TokensPrompt(prompt_token_ids=[100 + 7 * j for j in range(num_prompt)])
+    engine.add_request(external_id, prompt, params)
+    latencies = []
+    while engine.has_unfinished_requests():
+        start = clock()
+        engine.step()
+        latencies.append(clock() - start)
+    return latencies
+
+
+def _vllm_sampling(sampling: SamplingParams, max_tokens: int) -> Any:
+    """vLLM's ``SamplingParams`` for tokenpace's, emitting only each step's new tokens."""
+    from vllm import SamplingParams as VllmSamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return VllmSamplingParams(
+        max_tokens=max_tokens,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        seed=sampling.seed,
+        stop=list(sampling.stop) or None,
+        ignore_eos=sampling.ignore_eos,
+        output_kind=RequestOutputKind.DELTA,
+    )
+
+
+def _external_id(item: WorkItem) -> str:
+    return _external_id_of(item.request_id)
+
+
+def _external_id_of(request_id: int) -> str:
+    """The id handed to vLLM, which appends a random suffix for its internal id."""
+    return f"tp-{request_id}"
+
+
+def _finished(live: _Live, finish_reason: str) -> Finished:
+    reason = _FINISH.get(finish_reason)
+    if reason is None:
+        error = f"vLLM ended the request with finish reason {finish_reason!r}"
+        return Finished(live.request_id, None, live.num_output_tokens, error)
+    return Finished(live.request_id, reason, live.num_output_tokens)
