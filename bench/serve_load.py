@@ -9,7 +9,9 @@ from ``--min-tokens``..``--max-tokens``). Reported per scheduler: counts of 200 
 5xx / other, accepted requests that completed, p50/p99 TTFT and ITL (ms) of accepted
 requests measured at the client, and the server's abort counter. ``--soak N`` afterwards
 sends N more short requests to the last server and reports its resident memory and KV
-blocks before and after. Prints one JSON object on its last line.
+blocks before and after (server plus engine worker processes). ``--engine`` and
+``--containers`` choose the engine and the pool size. Prints one JSON object on its last
+line.
 """
 
 from __future__ import annotations
@@ -67,6 +69,12 @@ def start_server(scheduler: str, port: int, args: argparse.Namespace) -> subproc
         scheduler,
         "--max-queued-requests",
         str(args.max_queued_requests),
+        "--engine",
+        args.engine,
+        "--containers",
+        str(args.containers),
+        "--warm-containers",
+        str(args.containers),
         "--log-level",
         "warning",
     ]
@@ -193,6 +201,16 @@ def server_metric(url: str, name: str) -> float:
     return sum(float(m.group(2)) for line in text.splitlines() if (m := pattern.match(line)))
 
 
+def engine_pids(url: str) -> list[int]:
+    containers = httpx.get(f"{url}/health").json()["containers"]
+    return [int(c["pid"]) for c in containers if c["pid"] is not None]
+
+
+def total_rss_mb(server_pid: int, url: str) -> float:
+    """Resident memory of the server process and every engine worker process."""
+    return rss_mb(server_pid) + sum(rss_mb(pid) for pid in engine_pids(url))
+
+
 def rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -230,6 +248,8 @@ def main() -> None:
     parser.add_argument("--max-queued-requests", type=int, default=16)
     parser.add_argument("--soak", type=int, default=0, help="Soak requests after the runs.")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--engine", default="native", help="native or vllm.")
+    parser.add_argument("--containers", type=int, default=1, help="Pool size (all warm).")
     args = parser.parse_args()
     schedulers = [s for s in args.schedulers.split(",") if s]
     result: dict[str, Any] = {"config": vars(args), "runs": {}}
@@ -260,14 +280,16 @@ def main() -> None:
             result["runs"][scheduler] = run
             print(scheduler, json.dumps(run), file=sys.stderr)
             if args.soak and index == len(schedulers) - 1:
-                before = rss_mb(process.pid)
+                before = total_rss_mb(process.pid, url)
+                pids_before = engine_pids(url)
                 completed = asyncio.run(soak(url, args.soak, args.concurrency))
                 time.sleep(1.0)
                 result["soak"] = {
                     "n_requests": args.soak,
                     "n_completed": completed,
                     "rss_mb_before": round(before, 1),
-                    "rss_mb_after": round(rss_mb(process.pid), 1),
+                    "rss_mb_after": round(total_rss_mb(process.pid, url), 1),
+                    "engine_pids_unchanged": engine_pids(url) == pids_before,
                     "kv_used_blocks_after": server_metric(url, "tokenpace:kv_cache_used_blocks"),
                     "num_running_after": server_metric(url, "tokenpace:num_requests_running"),
                 }
