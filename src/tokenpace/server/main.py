@@ -111,6 +111,7 @@ def build_server(
         api_key=options.api_key,
         disconnect_poll_s=options.disconnect_poll_s,
         unix_clock=unix_clock,
+        stream_shutdown_grace_s=options.shutdown_timeout_s + ABORT_GRACE_S + 1.0,
     )
     app = build_app(service, route_config, options.shutdown_timeout_s)
     return Server(app, service, pool, metrics, options)

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse, ServerSentEvent
@@ -33,12 +34,15 @@ DONE = ServerSentEvent(data="[DONE]")
 
 @dataclass(frozen=True, slots=True)
 class RouteConfig:
-    """HTTP-side settings. ``unix_clock`` stamps ``created`` (Unix seconds)."""
+    """HTTP-side settings. ``unix_clock`` stamps ``created`` (Unix seconds);
+    ``stream_shutdown_grace_s``: how long open streams may run once shutdown begins (the
+    drain ends them before that)."""
 
     model_name: str
     api_key: str | None
     disconnect_poll_s: float
     unix_clock: Callable[[], float]
+    stream_shutdown_grace_s: float = 30.0
 
 
 def _sse(payload: dict[str, Any]) -> ServerSentEvent:
@@ -144,7 +148,14 @@ async def _respond(
     text = IncrementalText(service.tokenizer, body.stop_strings())
     if body.stream:
         stream = _stream(service, submission, text, info, body.include_usage)
-        return EventSourceResponse(stream, headers={"Cache-Control": "no-cache"})
+        # On shutdown the drain aborts what is still running, so every stream ends with its
+        # last chunk and [DONE]; sse-starlette must not cut streams before that.
+        return EventSourceResponse(
+            stream,
+            headers={"Cache-Control": "no-cache"},
+            shutdown_event=anyio.Event(),
+            shutdown_grace_period=config.stream_shutdown_grace_s,
+        )
     return await _collect(service, config, submission, text, info, http)
 
 
