@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from tokenpace.server.admission import AdmissionQueue, QueueBounds
@@ -68,3 +71,31 @@ def test_validation_errors_name_the_top_level_field(errors: list[dict], param: s
     message, got = describe_validation(errors)
     assert got == param
     assert message
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--engine", "tgi"], "--engine 'tgi'"),
+        (["--containers", "2", "--warm-containers", "3"], "--warm-containers"),
+        (["--keep-alive", "0"], "keep_alive_s"),
+    ],
+)
+def test_bad_serve_flags_exit_2_naming_the_flag(
+    argv: list[str], named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tokenpace.server.cli_args import parse_options
+
+    with pytest.raises(SystemExit) as exit_info:
+        parse_options(argv)
+    assert exit_info.value.code == 2
+    assert named in capsys.readouterr().err
+
+
+def test_vllm_kv_budget_follows_the_model_shape(tmp_path: Path) -> None:
+    from tokenpace.server.engines import kv_bytes_per_token
+
+    config = {"num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576}
+    (tmp_path / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 30}))
+    # keys and values x 30 layers x 3 KV heads x 64 dims x 2 bytes
+    assert kv_bytes_per_token(tmp_path, "bfloat16") == 2 * 30 * 3 * 64 * 2

@@ -296,7 +296,10 @@ class ServerContainer:
             self.start_error = str(error)
             self._set_state(ContainerState.COLD)
             self.ready.set()
-            self._fail(list(self._inflight.values()), f"the engine failed to start: {error}")
+            with self._cond:
+                waiting = list(self._inflight.values())
+                self._inflight.clear()
+            self._place_or_fail(waiting, f"the engine failed to start: {error}")
             return
         load_s = self._deps.clock() - start
         self._deps.metrics.observe_cold_start(load_s)
@@ -358,6 +361,12 @@ class ServerContainer:
         self._load = LoadState()
         self._publish()
         self._set_state(ContainerState.COLD)
+        self._place_or_fail(orphans, description)
+        self._start_wanted = not self._stopping
+
+    def _place_or_fail(self, orphans: list[InFlight], description: str) -> None:
+        """Hand requests this container can no longer run to the pool (each at most once);
+        fail the rest with ``description``."""
         placed = [o for o in orphans if o.retries < 1]
         unplaced = [o for o in orphans if o.retries >= 1]
         for orphan in placed:
@@ -365,7 +374,6 @@ class ServerContainer:
         leftover = self._deps.on_orphans(self.container_id, placed) if placed else []
         self._deps.metrics.observe_migrations(len(placed) - len(leftover))
         self._fail([*leftover, *unplaced], description)
-        self._start_wanted = not self._stopping
 
     # -- reports -------------------------------------------------------------------
 
