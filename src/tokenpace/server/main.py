@@ -12,6 +12,7 @@ from pathlib import Path
 from fastapi import FastAPI
 
 from tokenpace.core.registry import UnknownNameError
+from tokenpace.metrics.slo import Slo
 from tokenpace.policy import POLICIES
 from tokenpace.pool.router import ROUTERS, build_router
 from tokenpace.server.admission import AdmissionQueue, QueueBounds
@@ -68,6 +69,7 @@ def worker_spec(options: ServeOptions, checkpoint_dir: Path) -> WorkerSpec:
             options.model_name, options.b0, options.mean_output_tokens, options.max_model_len
         ),
         build_dir=cache_dir / f"{options.engine}-runtime",
+        slo=Slo(options.slo_ttft_ms, options.slo_tpot_ms),
     )
 
 

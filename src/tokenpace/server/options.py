@@ -27,6 +27,12 @@ class ServeOptions:
     scheduler: str = option("twp", "Admission policy run every step (see the policy registry).")
     router: str = option("least_loaded", "Router choosing a container for each request.")
     containers: int = option(1, "Engine containers in the pool (each holds its own model).")
+    slo_ttft_ms: float = option(
+        2000.0, "TTFT objective (ms) that SLO-targeted schedulers (twp_slo) aim at."
+    )
+    slo_tpot_ms: float = option(
+        100.0, "Time-per-output-token objective (ms) that SLO-targeted schedulers aim at."
+    )
     warm_containers: int = option(
         1, "Containers whose engine loads with the server; the others start cold."
     )
@@ -81,6 +87,8 @@ class ServeOptions:
             "shutdown_timeout_s",
             "disconnect_poll_s",
             "start_timeout_s",
+            "slo_ttft_ms",
+            "slo_tpot_ms",
         )
         if not 0 <= self.port < 65536:
             raise ValueError(f"ServeOptions.port must be in [0, 65535], got {self.port}")

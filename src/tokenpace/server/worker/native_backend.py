@@ -6,23 +6,27 @@ import os
 from collections.abc import Sequence
 
 from tokenpace.core.request import FinishReason, Request
+from tokenpace.core.sampling import SamplingParams
 from tokenpace.engine.native import NativeEngine, NativeEngineConfig
 from tokenpace.engine.profile import EngineProfile
-from tokenpace.policy import build_policy
+from tokenpace.policy import Policy, build_policy
+from tokenpace.policy.fcfs import FcfsPolicy
 from tokenpace.runtime.step_loop import StepLoop
-from tokenpace.server.profile import calibrate_profile
 from tokenpace.server.worker.backend import BACKENDS, Clock
+from tokenpace.server.worker.profile import measure_profile
 from tokenpace.server.worker.wire import Finished, LoadState, Report, WorkerSpec, WorkItem
 
 
 class StepLoopBackend:
     """A ``StepLoop`` over a loaded engine: the policy plans every step."""
 
-    def __init__(self, engine: NativeEngine, profile: EngineProfile, policy: str, clock: Clock):
+    def __init__(
+        self, engine: NativeEngine, profile: EngineProfile, policy: Policy, clock: Clock
+    ) -> None:
         self._engine = engine
         self._profile = profile
         self._clock = clock
-        self._loop = StepLoop(build_policy(policy, profile), engine, record_steps=False)
+        self._loop = StepLoop(policy, engine, record_steps=False)
         self._requests: dict[int, Request] = {}
         self._waiting_ids: set[int] = set()
 
@@ -137,8 +141,43 @@ def build_native(spec: WorkerSpec, clock: Clock) -> StepLoopBackend:
     engine = NativeEngine.load(config, clock=clock)
     profile = spec.profile
     if profile is None:
-        c = spec.calibration
-        profile = calibrate_profile(
-            engine, clock, c.name, c.b0, c.mean_output_tokens, c.max_model_len
+        profile = measure_profile(
+            lambda n, p, o: time_batch(engine, clock, n, p, o),
+            spec.calibration,
+            config.max_model_len,
+            engine.block_size,
+            engine.num_total_blocks,
+            "the native engine",
         )
-    return StepLoopBackend(engine, profile, spec.policy, clock)
+    policy = build_policy(spec.policy, profile, spec.slo)
+    return StepLoopBackend(engine, profile, policy, clock)
+
+
+def time_batch(
+    engine: NativeEngine, clock: Clock, num_requests: int, num_prompt: int, num_output: int
+) -> list[float]:
+    """Step latencies (seconds) of ``num_requests`` synthetic requests admitted together
+    under FCFS and run to completion. The engine holds no KV afterwards."""
+    loop = StepLoop(FcfsPolicy(), engine, record_steps=False)
+    now = clock()
+    for i in range(num_requests):
+        prompt = [100 + (7 * j + 13 * i) % 4000 for j in range(num_prompt)]
+        request = Request(
+            -1 - i,
+            num_prompt,
+            num_output,
+            now,
+            prompt_token_ids=prompt,
+            sampling=SamplingParams(ignore_eos=True),
+        )
+        loop.add_request(request, now)
+    latencies: list[float] = []
+    while loop.has_work:
+        step = loop.begin_step(clock())
+        if step is None:
+            break
+        loop.complete_step(step, clock())
+        latencies.append(step.result.latency_s)
+    for i in range(num_requests):
+        engine.free(-1 - i)
+    return latencies

@@ -8,6 +8,7 @@ clock is the worker's, so tokens, admissions and finishes share one timeline.
 
 from __future__ import annotations
 
+import itertools
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from tokenpace.engine.profile import EngineProfile
 from tokenpace.engine.vllm.config import VllmEngineConfig
 from tokenpace.engine.vllm.runner import policy_for, start_engine
 from tokenpace.server.worker.backend import BACKENDS, Clock
+from tokenpace.server.worker.profile import measure_profile
 from tokenpace.server.worker.wire import (
     Calibration,
     Finished,
@@ -33,8 +35,6 @@ if TYPE_CHECKING:
     from tokenpace.engine.vllm.scheduler import TokenpaceScheduler
 
 _FINISH = {"length": FinishReason.LENGTH, "stop": FinishReason.STOP, "abort": FinishReason.ABORT}
-_WARMUP_PROMPT_TOKENS = 32
-_WARMUP_OUTPUT_TOKENS = 6
 _CALIBRATION_POLICY = "fcfs"  # admits the lone request whole: a clean prefill step
 
 
@@ -200,57 +200,48 @@ def build_vllm(spec: WorkerSpec, clock: Clock) -> VllmBackend:
     profile = spec.profile
     if profile is None:
         profile = calibrate_vllm_profile(llm, clock, spec.calibration, config.max_model_len)
-    scheduler.use_policy(policy_for(llm, spec.policy, profile))
+    scheduler.use_policy(policy_for(llm, spec.policy, profile, spec.slo))
     return VllmBackend(llm, profile, clock)
 
 
 def calibrate_vllm_profile(
     llm: Any, clock: Clock, calibration: Calibration, max_model_len: int
 ) -> EngineProfile:
-    """Run a synthetic request (32 prompt tokens, 6 output tokens, fewer when the model is
-    shorter; greedy, EOS ignored) alone twice under FCFS and return a profile with
-    ``l_min_ms`` = the fastest decode step and ``prefill_ms_per_token`` = the first step of
-    the second pass per prompt token (milliseconds); the first pass is discarded. The
-    engine holds no request afterwards; the caller installs the serving policy."""
+    """Measure a profile (see ``measure_profile``) with synthetic requests run under FCFS,
+    which admits them whole: clean prefill steps. The engine holds no request afterwards;
+    the caller installs the serving policy."""
     from tokenpace.engine.vllm.scheduler import scheduler_of
 
     scheduler = scheduler_of(llm)
     scheduler.use_policy(_CALIBRATION_POLICY)
-    limit = min(max_model_len, calibration.max_model_len)
-    num_prompt = max(1, min(_WARMUP_PROMPT_TOKENS, limit // 2))
-    num_output = max(1, min(_WARMUP_OUTPUT_TOKENS, limit - num_prompt))
-    _time_request(llm, clock, num_prompt, num_output, "tp-calibration-0")
-    latencies = _time_request(llm, clock, num_prompt, num_output, "tp-calibration-1")
-    prefill_s = latencies[0] if latencies else 0.0
-    decode_s = min(latencies[1:]) if len(latencies) > 1 else prefill_s
-    return EngineProfile(
-        name=calibration.name,
-        l_min_ms=max(decode_s * 1000.0, 1e-3),
-        b0=calibration.b0,
-        alpha_ms=0.0,
-        r2=None,
-        prefill_ms_per_token=prefill_s * 1000.0 / num_prompt,
-        prefill_attention_ms_per_kctx=0.0,
-        mixed_prefill_overhead_ms=0.0,
-        noise_cv=0.0,
-        block_size=int(scheduler.block_size),
-        num_gpu_blocks=scheduler.num_total_blocks,
-        checkpoint_bytes=0,
-        mean_output_tokens=calibration.mean_output_tokens,
-        notes={"source": "measured at server start: one vLLM prefill step and decode steps at B=1"},
+    batches = itertools.count()
+
+    def run_batch(num_requests: int, num_prompt: int, num_output: int) -> list[float]:
+        return _time_batch(llm, clock, num_requests, num_prompt, num_output, next(batches))
+
+    return measure_profile(
+        run_batch,
+        calibration,
+        max_model_len,
+        int(scheduler.block_size),
+        scheduler.num_total_blocks,
+        "vLLM",
     )
 
 
-def _time_request(
-    llm: Any, clock: Clock, num_prompt: int, num_output: int, external_id: str
+def _time_batch(
+    llm: Any, clock: Clock, num_requests: int, num_prompt: int, num_output: int, batch: int
 ) -> list[float]:
-    """Latencies (seconds) of the engine steps that run one synthetic request alone."""
+    """Latencies (seconds) of the engine steps that run synthetic requests together."""
     from vllm.inputs import TokensPrompt
 
     engine = llm.llm_engine
     params = _vllm_sampling(SamplingParams(ignore_eos=True), num_output)
-    prompt = TokensPrompt(prompt_token_ids=[100 + 7 * j for j in range(num_prompt)])
-    engine.add_request(external_id, prompt, params)
+    for i in range(num_requests):
+        ids = [100 + (7 * j + 13 * i) % 4000 for j in range(num_prompt)]
+        engine.add_request(
+            f"tp-calibration-{batch}-{i}", TokensPrompt(prompt_token_ids=ids), params
+        )
     latencies = []
     while engine.has_unfinished_requests():
         start = clock()

@@ -13,6 +13,7 @@ from pathlib import Path
 from tokenpace.core.request import FinishReason
 from tokenpace.core.sampling import SamplingParams
 from tokenpace.engine.profile import EngineProfile
+from tokenpace.metrics.slo import Slo
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +44,7 @@ class Calibration:
 class WorkerSpec:
     """What a worker process needs to build its backend: the engine registry name and its
     config, the policy registry name, the profile measured by an earlier incarnation (None:
-    measure one), and where build caches go."""
+    measure one), where build caches go, and the SLO that SLO-targeted policies aim at."""
 
     engine: str
     engine_config: object
@@ -51,6 +52,7 @@ class WorkerSpec:
     calibration: Calibration
     profile: EngineProfile | None = None
     build_dir: Path | None = None
+    slo: Slo = field(default_factory=Slo)
 
 
 # -- server -> worker ------------------------------------------------------------------
