@@ -314,7 +314,13 @@ class ServerContainer:
         self._set_state(ContainerState.WARM)
         self.ready.set()
         logger.info(
-            "container %d: engine process %d ready in %.1f s", self.container_id, ready.pid, load_s
+            "container %d: engine process %d ready in %.1f s (l_min %.1f ms, alpha %.2f ms, B0 %d)",
+            self.container_id,
+            ready.pid,
+            load_s,
+            ready.profile.l_min_ms,
+            ready.profile.alpha_ms,
+            ready.profile.b0,
         )
         # Everything accepted while loading goes to the new worker.
         try:
