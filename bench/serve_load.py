@@ -21,6 +21,7 @@ import asyncio
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -75,6 +76,7 @@ def start_server(scheduler: str, port: int, args: argparse.Namespace) -> subproc
         str(args.containers),
         "--warm-containers",
         str(args.containers),
+        *shlex.split(args.server_args),
         "--log-level",
         "warning",
     ]
@@ -250,6 +252,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--engine", default="native", help="native or vllm.")
     parser.add_argument("--containers", type=int, default=1, help="Pool size (all warm).")
+    parser.add_argument(
+        "--server-args", default="", help="More `tokenpace serve` flags, e.g. '--slo-tpot-ms 250'."
+    )
     args = parser.parse_args()
     schedulers = [s for s in args.schedulers.split(",") if s]
     result: dict[str, Any] = {"config": vars(args), "runs": {}}
