@@ -31,7 +31,6 @@ from tokenpace.server.worker.wire import (
     Finished,
     LoadState,
     Message,
-    Ready,
     Report,
     Submit,
     WorkerSpec,
@@ -386,10 +385,8 @@ class ServerContainer:
     def _handle(self, messages: Sequence[Message]) -> None:
         events: list[tuple[RequestHandle, Event]] = []
         for message in messages:
-            if isinstance(message, Report):
+            if isinstance(message, Report):  # Ready came once, at start; a Fault ends the pipe
                 events.extend(self._apply_report(message))
-            elif isinstance(message, Ready):  # pragma: no cover - only sent once, at start
-                continue
         post_events(events)
 
     def _apply_report(self, report: Report) -> list[tuple[RequestHandle, Event]]:
@@ -443,37 +440,34 @@ class ServerContainer:
         )
         return inflight.handle, event
 
-    def _fail(self, requests: Sequence[InFlight], error: str) -> None:
+    def _end(self, requests: Sequence[InFlight], outcome: Callable[[InFlight], Finished]) -> None:
+        """Forget ``requests`` and post each one's finish, as ``outcome`` says it ended."""
         events = []
         for inflight in requests:
             with self._cond:
                 self._inflight.pop(inflight.request.request_id, None)
-            events.append(self._finish_event(inflight, Finished(0, None, 0, error)))
+            events.append(self._finish_event(inflight, outcome(inflight)))
         post_events(events)
+
+    def _fail(self, requests: Sequence[InFlight], error: str) -> None:
+        self._end(requests, lambda _: Finished(0, None, 0, error))
 
     def _abort_unsent(self, request_ids: Sequence[int]) -> None:
         """Abort requests no worker has seen yet (the container is cold or loading)."""
         with self._cond:
             gone = [self._inflight[rid] for rid in request_ids if rid in self._inflight]
-        events = [self._finish_event(i, Finished(0, FinishReason.ABORT, 0)) for i in gone]
-        for inflight in gone:
-            with self._cond:
-                self._inflight.pop(inflight.request.request_id, None)
-        post_events(events)
+        self._end(gone, lambda _: Finished(0, FinishReason.ABORT, 0))
 
     def _finish_locally(self, requests: Sequence[InFlight]) -> None:
         """End requests no worker holds any more: unadmitted ones fail (the server is
         shutting down), admitted ones count as aborted."""
-        events = []
-        for inflight in requests:
-            with self._cond:
-                self._inflight.pop(inflight.request.request_id, None)
+
+        def outcome(inflight: InFlight) -> Finished:
             if inflight.admitted:
-                finished = Finished(0, FinishReason.ABORT, 0)
-            else:
-                finished = Finished(0, None, 0, SHUTTING_DOWN)
-            events.append(self._finish_event(inflight, finished))
-        post_events(events)
+                return Finished(0, FinishReason.ABORT, 0)
+            return Finished(0, None, 0, SHUTTING_DOWN)
+
+        self._end(requests, outcome)
 
     def _publish(self) -> None:
         load = self._load

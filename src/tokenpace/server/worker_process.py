@@ -57,11 +57,10 @@ class WorkerProcess:
                 raise WorkerGone("the server stopped while the engine was loading")
             if not wait([self.conn, self.sentinel], poll_s):
                 continue
+            # A worker that died leaves EOF on the pipe: read_available raises WorkerGone.
             for message in self.read_available():
                 if isinstance(message, Ready):
                     return message
-            if not self._process.is_alive() and not self.conn.poll(0):
-                raise WorkerGone(self.describe_exit())
 
     def send(self, command: Command) -> None:
         """Send ``command``; raises WorkerGone if the pipe is broken."""
