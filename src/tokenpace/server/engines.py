@@ -41,17 +41,12 @@ def native_config(options: ServeOptions) -> Any:
 def prepare_checkpoint(options: ServeOptions) -> Path:
     """The safetensors directory every worker loads (converting a GGUF source once)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from tokenpace.engine.native.loading import checkpoint_dir_for, convert_gguf, gguf_source
+    from tokenpace.engine.native.loading import ensure_checkpoint
 
-    config = native_config(options)
-    directory = checkpoint_dir_for(config)
-    gguf = gguf_source(config)
-    if gguf is not None:
-        convert_gguf(gguf, directory)
-    if not (directory / "config.json").is_file():
-        raise FileNotFoundError(
-            f"--model: {str(directory)!r} is not a Hugging Face model directory"
-        )
+    try:
+        directory, _ = ensure_checkpoint(native_config(options))
+    except FileNotFoundError as error:
+        raise FileNotFoundError(f"--model: {error}") from None
     return directory
 
 

@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from tokenpace.core.sampling import SamplingParams
+from tokenpace.server.container import InFlight
 from tokenpace.server.detokenize import IncrementalText
 from tokenpace.server.errors import ApiError, error_body
 from tokenpace.server.events import FinishEvent, TokenEvent
@@ -27,7 +28,7 @@ from tokenpace.server.responses import (
     usage_chunk,
 )
 from tokenpace.server.schemas import ChatCompletionRequest, CompletionRequest, _SamplingFields
-from tokenpace.server.service import Service, Submission
+from tokenpace.server.service import Service
 
 DONE = ServerSentEvent(data="[DONE]")
 
@@ -140,7 +141,7 @@ def _prompt_ids(service: Service, prompt: str | list[str] | list[int]) -> list[i
 async def _respond(
     service: Service,
     config: RouteConfig,
-    submission: Submission,
+    submission: InFlight,
     body: _SamplingFields,
     info: ResponseMeta,
     http: Request,
@@ -161,7 +162,7 @@ async def _respond(
 
 async def _stream(
     service: Service,
-    submission: Submission,
+    submission: InFlight,
     text: IncrementalText,
     info: ResponseMeta,
     include_usage: bool,
@@ -198,7 +199,7 @@ async def _stream(
 async def _collect(
     service: Service,
     config: RouteConfig,
-    submission: Submission,
+    submission: InFlight,
     text: IncrementalText,
     info: ResponseMeta,
     http: Request,

@@ -32,21 +32,6 @@ class ModelLimits:
     default_max_tokens: int
 
 
-@dataclass(slots=True)
-class Submission:
-    """A request accepted by the pool, and where its events arrive."""
-
-    inflight: InFlight
-
-    @property
-    def request(self) -> Request:
-        return self.inflight.request
-
-    @property
-    def handle(self) -> RequestHandle:
-        return self.inflight.handle
-
-
 class Service:
     """Owns nothing but references: the pool, admission queue, tokenizer and metrics."""
 
@@ -100,7 +85,7 @@ class Service:
 
     def submit(
         self, prompt_token_ids: list[int], max_tokens: int, sampling: SamplingParams
-    ) -> Submission:
+    ) -> InFlight:
         """Admit and route a request. Raises ApiError 429 (queue full, with Retry-After) or
         503 (shutting down)."""
         if not self.accepting:
@@ -130,7 +115,7 @@ class Service:
         except RuntimeError as error:
             self.admission.release(request_id)
             raise ApiError(503, str(error), code="shutting_down") from None
-        return Submission(inflight)
+        return inflight
 
-    def abort(self, submission: Submission) -> None:
-        self.pool.abort(submission.inflight)
+    def abort(self, submission: InFlight) -> None:
+        self.pool.abort(submission)

@@ -4,14 +4,19 @@ conversion dependencies are not installed."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.engine.vllm.model import BUILD, KV_CACHE_BYTES, MAX_MODEL_LEN, embedded_model
-from tokenpace.engine.vllm.config import VllmEngineConfig, local_environment
+from tests.engine.vllm.model import (
+    BUILD,
+    KV_CACHE_BYTES,
+    MAX_MODEL_LEN,
+    embedded_model,
+    set_vllm_environment,
+)
+from tokenpace.engine.vllm.config import VllmEngineConfig
 
 
 @pytest.fixture(scope="session")
@@ -20,10 +25,7 @@ def vllm_llm() -> Iterator[Any]:
     pytest.importorskip("vllm", reason="needs the vllm extra (scripts/setup.sh vllm)")
     model = embedded_model()
     with pytest.MonkeyPatch.context() as patch:
-        for name, value in local_environment(BUILD).items():
-            if name not in os.environ or name == "VLLM_ENABLE_V1_MULTIPROCESSING":
-                patch.setenv(name, value)
-        patch.setenv("TOKENPACE_POLICY", "twp")
+        set_vllm_environment(patch, "twp")
         for folder in ("vllm-cache", "vllm-rpc", "inductor-cache"):
             (BUILD / folder).mkdir(parents=True, exist_ok=True)
         from vllm import LLM

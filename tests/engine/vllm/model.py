@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+from tokenpace.engine.vllm.config import local_environment
+from tokenpace.engine.vllm.settings import ENV_POLICY
 
 ROOT = Path(__file__).resolve().parents[3]
 BUILD = ROOT / "build"
@@ -31,3 +35,13 @@ def embedded_model() -> Path:
     except FileNotFoundError as error:
         pytest.skip(str(error))
     return convert_gguf(gguf, MODEL_DIR)
+
+
+def set_vllm_environment(patch: pytest.MonkeyPatch, policy: str) -> None:
+    """Point vLLM at the build folder (keeping what the environment already sets, except
+    that the engine core always runs in this process) and name the policy to start with;
+    ``patch`` restores everything afterwards."""
+    for name, value in local_environment(BUILD).items():
+        if name not in os.environ or name == "VLLM_ENABLE_V1_MULTIPROCESSING":
+            patch.setenv(name, value)
+    patch.setenv(ENV_POLICY, policy)

@@ -6,7 +6,6 @@ measured at start). Requests are short and greedy so the module stays near a min
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from itertools import pairwise
@@ -14,11 +13,16 @@ from typing import Any
 
 import pytest
 
-from tests.engine.vllm.model import BUILD, KV_CACHE_BYTES, MAX_MODEL_LEN, embedded_model
+from tests.engine.vllm.model import (
+    BUILD,
+    KV_CACHE_BYTES,
+    MAX_MODEL_LEN,
+    embedded_model,
+    set_vllm_environment,
+)
 from tokenpace.core.request import FinishReason
 from tokenpace.core.sampling import SamplingParams
-from tokenpace.engine.vllm.config import VllmEngineConfig, local_environment
-from tokenpace.engine.vllm.settings import ENV_POLICY
+from tokenpace.engine.vllm.config import VllmEngineConfig
 from tokenpace.server.worker.wire import Calibration, Finished, Report, WorkerSpec, WorkItem
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -33,10 +37,7 @@ def backend() -> Iterator[Any]:
     model = embedded_model()
     with pytest.MonkeyPatch.context() as patch:
         # start_engine writes these into os.environ; setting them here first restores them.
-        for name, value in local_environment(BUILD).items():
-            if name not in os.environ or name == "VLLM_ENABLE_V1_MULTIPROCESSING":
-                patch.setenv(name, value)
-        patch.setenv(ENV_POLICY, "twp")
+        set_vllm_environment(patch, "twp")
         from tokenpace.server.worker.vllm_backend import build_vllm
 
         config = VllmEngineConfig(

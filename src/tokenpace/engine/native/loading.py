@@ -157,13 +157,11 @@ def eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
     return frozenset(ids)
 
 
-def load_model(config: NativeEngineConfig, clock: Callable[[], float]) -> LoadedModel:
-    """Load ``config.model`` onto its device, converting a GGUF once to the cached
-    safetensors tier first. Pins torch's CPU thread count. ``load_s`` times the whole load
-    (conversion included when it happens) on ``clock`` (seconds)."""
-    torch.set_num_threads(config.num_threads)
-    start = clock()
-    tf = _transformers()
+def ensure_checkpoint(config: NativeEngineConfig) -> tuple[Path, str]:
+    """The safetensors directory a load reads, converting a GGUF source first when its
+    cached tier is missing; also where the weights come from this time (``"gguf"`` when it
+    was just converted, else ``"safetensors"``). Raises FileNotFoundError when the result
+    is not a Hugging Face model directory."""
     directory = checkpoint_dir_for(config)
     gguf = gguf_source(config)
     tier = "safetensors"
@@ -172,6 +170,17 @@ def load_model(config: NativeEngineConfig, clock: Callable[[], float]) -> Loaded
         tier = "gguf"
     if not (directory / "config.json").is_file():
         raise FileNotFoundError(f"{str(directory)!r} is not a Hugging Face model directory")
+    return directory, tier
+
+
+def load_model(config: NativeEngineConfig, clock: Callable[[], float]) -> LoadedModel:
+    """Load ``config.model`` onto its device, converting a GGUF once to the cached
+    safetensors tier first. Pins torch's CPU thread count. ``load_s`` times the whole load
+    (conversion included when it happens) on ``clock`` (seconds)."""
+    torch.set_num_threads(config.num_threads)
+    start = clock()
+    tf = _transformers()
+    directory, tier = ensure_checkpoint(config)
     device = resolve_device(config.device)
     dtype = _DTYPES[config.dtype]
     tokenizer = tf.AutoTokenizer.from_pretrained(directory, local_files_only=True)
