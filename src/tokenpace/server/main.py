@@ -46,9 +46,9 @@ class Server:
 
 
 def check_names(options: ServeOptions) -> None:
-    """Raise ValueError naming the flag when the engine, scheduler or router is unknown."""
+    """Raise ValueError naming the flag when the scheduler or router is unknown (the
+    engine is checked by ``ServeOptions``)."""
     for flag, registry, name in (
-        ("--engine", ENGINE_CONFIGS, options.engine),
         ("--scheduler", POLICIES, options.scheduler),
         ("--router", ROUTERS, options.router),
     ):

@@ -6,8 +6,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tokenpace.core.config import option, require_positive
+from tokenpace.server.worker.main import BACKEND_MODULES
 
-ENGINES = ("native", "vllm")
+ENGINES = tuple(BACKEND_MODULES)
 
 
 @dataclass(frozen=True, slots=True)
