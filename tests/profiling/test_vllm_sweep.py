@@ -15,7 +15,8 @@ from tokenpace.profiling.run import run_profile
 from tokenpace.profiling.vllm_sweep import VllmSweepConfig
 
 # Three batch sizes, two prefill chunks, short outputs: a few seconds of engine steps. The
-# largest batch is far enough from the others for the fit to see the step time rise.
+# largest batch is far enough from the others for the fit to see the step time rise, and three
+# rounds of the decode points let a burst of contention from other processes pass.
 SMALL = VllmSweepConfig(
     batch_sizes=(1, 4, 32),
     decode_context=16,
@@ -27,6 +28,7 @@ SMALL = VllmSweepConfig(
     steps_per_point=4,
     warmup_steps=1,
     repeats=2,
+    decode_rounds=3,
 )
 
 
@@ -87,6 +89,8 @@ def test_sweep_config_names_the_bad_field() -> None:
         VllmSweepConfig(prefill_chunks=(1, 16))
     with pytest.raises(ValueError, match="warmup_steps"):
         VllmSweepConfig(warmup_steps=-1)
+    with pytest.raises(ValueError, match="decode_rounds"):
+        VllmSweepConfig(decode_rounds=0)
 
 
 def test_run_profile_refuses_a_native_config_for_vllm(tmp_path: Path) -> None:
