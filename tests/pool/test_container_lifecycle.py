@@ -28,7 +28,7 @@ def test_warm_container_goes_cold_exactly_after_keep_alive(profile: EngineProfil
     sim.run(until_s=np.nextafter(deadline, 0.0))
     assert container.state is ContainerState.WARM
     sim.run(until_s=deadline)
-    assert container.state is ContainerState.COLD
+    assert container.state.value == ContainerState.COLD.value
 
 
 def test_work_at_the_deadline_keeps_container_warm(profile: EngineProfile) -> None:

@@ -34,8 +34,8 @@ def test_no_server_errors(fuzz_server: RunningServer) -> None:
     assert {op.path for op in operations} >= {"/v1/completions", "/v1/chat/completions"}
     for operation in operations:
 
-        @hypothesis.given(case=operation.as_strategy())
-        @hypothesis.settings(
+        @hypothesis.given(case=operation.as_strategy())  # type: ignore[untyped-decorator]
+        @hypothesis.settings(  # type: ignore[untyped-decorator]
             max_examples=MAX_EXAMPLES,
             deadline=None,
             database=None,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -67,7 +68,9 @@ def test_admission_bounds_requests_and_tokens() -> None:
         ([{"type": "missing", "loc": ("body",), "msg": "Field required"}], None),
     ],
 )
-def test_validation_errors_name_the_top_level_field(errors: list[dict], param: str | None) -> None:
+def test_validation_errors_name_the_top_level_field(
+    errors: list[dict[str, Any]], param: str | None
+) -> None:
     message, got = describe_validation(errors)
     assert got == param
     assert message

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import pytest
 
@@ -115,7 +116,7 @@ def test_seeded_sampling_is_reproducible(
 ) -> None:
     def sampled(seed: int, companions: int) -> list[int]:
         engine = make_engine()
-        params = {"temperature": 1.0, "top_p": 0.9, "ignore_eos": True}
+        params: dict[str, Any] = {"temperature": 1.0, "top_p": 0.9, "ignore_eos": True}
         target = make_request(0, prompt_ids[4], seed=seed, **params)
         others = [make_request(i + 1, prompt_ids[i], **params) for i in range(companions)]
         run(StepLoop(twp(), engine), [target, *others])

@@ -54,7 +54,7 @@ def backend() -> Iterator[Any]:
             calibration=Calibration("smollm2-vllm-cpu", 8, 16.0, MAX_MODEL_LEN),
             build_dir=BUILD,
         )
-        built = build_vllm(spec, time.perf_counter)
+        built: Any = build_vllm(spec, time.perf_counter)
         yield built
         built.shutdown()
 
@@ -65,7 +65,7 @@ def item(request_id: int, num_prompt: int, max_tokens: int) -> WorkItem:
 
 
 def run_until_idle(backend: Any, max_steps: int = 200) -> list[Report]:
-    reports = []
+    reports: list[Report] = []
     for _ in range(max_steps):
         report = backend.step()
         if report is None:
