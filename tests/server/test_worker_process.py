@@ -20,7 +20,8 @@ from tokenpace.server.worker.wire import (
     WorkerSpec,
     WorkItem,
 )
-from tokenpace.server.worker_process import WorkerGone, WorkerProcess
+from tokenpace.server.worker_handle import WorkerGone
+from tokenpace.server.worker_process import WorkerProcess
 
 
 def native_spec() -> WorkerSpec:
@@ -48,7 +49,7 @@ def collect(worker: WorkerProcess, until: int, timeout_s: float = 60.0) -> list[
     deadline = time.monotonic() + timeout_s
     while sum(len(m.finished) for m in messages if isinstance(m, Report)) < until:
         assert time.monotonic() < deadline, "the worker did not finish the requests"
-        wait([worker.conn], 1.0)
+        wait(worker.wait_sources(), 1.0)
         messages.extend(worker.read_available())
     return messages
 
@@ -79,6 +80,6 @@ def test_a_failing_step_is_reported_and_ends_the_worker(worker: WorkerProcess) -
     worker.send(Submit((item(7, 4, prompt=(10**9,)),)))
     with pytest.raises(WorkerGone, match="engine error: IndexError"):
         for _ in range(120):
-            wait([worker.conn], 1.0)
+            wait(worker.wait_sources(), 1.0)
             worker.read_available()
     assert worker.fault is not None

@@ -50,6 +50,7 @@ def build_app(service: Service, config: RouteConfig, shutdown_timeout_s: float) 
                     "num_waiting": s.num_waiting,
                     "num_used_blocks": s.num_used_blocks,
                     "pid": s.pid,
+                    "location": s.location,
                     "last_load_s": s.last_load_s,
                 }
                 for s in snapshots

@@ -18,7 +18,7 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from multiprocessing.connection import wait
+from multiprocessing.connection import Connection, wait
 
 from tokenpace.core.request import FinishReason, Request
 from tokenpace.engine.profile import EngineProfile
@@ -36,7 +36,8 @@ from tokenpace.server.worker.wire import (
     WorkerSpec,
     WorkItem,
 )
-from tokenpace.server.worker_process import WorkerGone, WorkerProcess
+from tokenpace.server.worker_handle import Launcher, WorkerGone, WorkerHandle
+from tokenpace.server.worker_process import WorkerProcess
 
 logger = logging.getLogger("tokenpace.server")
 
@@ -86,6 +87,7 @@ class ContainerSnapshot:
     last_load_s: float | None
     queue_wait_s: float = 0.0
     pid: int | None = None
+    location: str | None = None
 
 
 OrphanHandler = Callable[[int, list[InFlight]], list[InFlight]]
@@ -95,7 +97,8 @@ OrphanHandler = Callable[[int, list[InFlight]], list[InFlight]]
 class ContainerDeps:
     """What every container of a pool shares. ``on_orphans(container_id, requests)``
     places the in-flight requests of a dead worker elsewhere and returns those it could
-    not place (they fail)."""
+    not place (they fail). ``launch`` starts a worker: a local process by default, or a Ray
+    actor (``server.ray_workers``)."""
 
     spec: WorkerSpec
     clock: Clock
@@ -105,6 +108,7 @@ class ContainerDeps:
     on_state_change: Callable[[], None]
     on_orphans: OrphanHandler = lambda _container_id, orphans: orphans
     stop_timeout_s: float = 10.0
+    launch: Launcher = WorkerProcess.start
 
 
 class ServerContainer:
@@ -124,13 +128,14 @@ class ServerContainer:
         os.set_blocking(self._wake_w, False)
         self._thread: threading.Thread | None = None
         self._state = ContainerState.COLD
-        self._worker: WorkerProcess | None = None
+        self._worker: WorkerHandle | None = None
         self._profile: EngineProfile | None = deps.spec.profile
         self._inflight: dict[int, InFlight] = {}
         self._load = LoadState()
         self._idle_since_s: float | None = None
         self._last_load_s: float | None = None
         self._pid: int | None = None
+        self._location: str | None = None
         self.ready = threading.Event()
         self.kv_capacity_tokens: int | None = None
         self.start_error: str | None = None
@@ -192,6 +197,7 @@ class ServerContainer:
                 self._last_load_s,
                 self._queue_wait_s(outstanding),
                 self._pid,
+                self._location,
             )
 
     def _queue_wait_s(self, outstanding_tokens: int) -> float:
@@ -248,13 +254,13 @@ class ServerContainer:
     def _wait_and_read(self) -> None:
         worker = self._worker
         timeout = self._keep_alive_left()
-        sources: list[object] = [self._wake_r]
+        sources: list[Connection | int] = [self._wake_r]
         if worker is not None:
-            sources += [worker.conn, worker.sentinel]
-        ready = wait(sources, timeout)  # type: ignore[arg-type]
+            sources += worker.wait_sources()
+        ready = wait(sources, timeout)
         if self._wake_r in ready:
             os.read(self._wake_r, 4096)
-        if worker is not None and ready and (worker.conn in ready or worker.sentinel in ready):
+        if worker is not None and any(source in ready for source in worker.wait_sources()):
             try:
                 self._handle(worker.read_available())
             except WorkerGone as gone:
@@ -288,7 +294,7 @@ class ServerContainer:
         start = self._deps.clock()
         name = f"tokenpace-engine-{self.container_id}"
         try:
-            worker = WorkerProcess.start(self._spec(), name)
+            worker = self._deps.launch(self._spec(), name)
             ready = worker.wait_ready(lambda: self._stopping)
         except (WorkerGone, OSError) as error:
             logger.error("container %d: the engine failed to start: %s", self.container_id, error)
@@ -308,14 +314,17 @@ class ServerContainer:
         self.start_error = None
         with self._cond:
             self._pid = ready.pid
+            self._location = worker.location
             self._last_load_s = load_s
         self._idle_since_s = self._deps.clock()
         self._set_state(ContainerState.WARM)
         self.ready.set()
         logger.info(
-            "container %d: engine process %d ready in %.1f s (l_min %.1f ms, alpha %.2f ms, B0 %d)",
+            "container %d: engine process %d (%s) ready in %.1f s "
+            "(l_min %.1f ms, alpha %.2f ms, B0 %d)",
             self.container_id,
             ready.pid,
+            worker.location,
             load_s,
             ready.profile.l_min_ms,
             ready.profile.alpha_ms,
@@ -336,6 +345,7 @@ class ServerContainer:
         self._worker = None
         with self._cond:
             self._pid = None
+            self._location = None
         self._load = LoadState()
         self._publish()
         self._set_state(ContainerState.COLD)
@@ -361,6 +371,7 @@ class ServerContainer:
         self._deps.metrics.engine_restarts.labels(self._deps.metrics.model_name).inc()
         with self._cond:
             self._pid = None
+            self._location = None
             orphans = list(self._inflight.values())
             self._inflight.clear()
         self._load = LoadState()
