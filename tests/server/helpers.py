@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from typing import Any
 
@@ -50,3 +51,39 @@ def wait_until_idle(base_url: str, timeout_s: float = 60.0) -> dict[str, Any]:
         if not busy or time.monotonic() > deadline:
             return body
         time.sleep(0.1)
+
+
+def health(url: str) -> dict[str, Any]:
+    body: dict[str, Any] = httpx.get(f"{url}/health").json()
+    return body
+
+
+def wait_for(predicate: Any, what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+def busy_container(url: str) -> dict[str, Any]:
+    """The container running a request (waits until one does)."""
+    found: list[dict[str, Any]] = []
+
+    def running() -> bool:
+        found[:] = [c for c in health(url)["containers"] if c["num_running"]]
+        return bool(found)
+
+    wait_for(running, "no container started the request")
+    return found[0]
+
+
+def stream_in_background(url: str, body: dict[str, Any]) -> tuple[threading.Thread, list[str]]:
+    lines: list[str] = []
+
+    def run() -> None:
+        response = httpx.post(f"{url}/v1/completions", json={**body, "stream": True}, timeout=180)
+        lines.extend(sse_payloads(response.text))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, lines

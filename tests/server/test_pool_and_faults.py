@@ -7,13 +7,20 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import httpx
 import pytest
 
 from tests.server.conftest import RunningServer, start_server
-from tests.server.helpers import MODEL, metric, sse_payloads, stream_text
+from tests.server.helpers import (
+    MODEL,
+    busy_container,
+    health,
+    metric,
+    stream_in_background,
+    stream_text,
+    wait_for,
+)
 
 BODY = {"model": MODEL, "prompt": "Hello", "max_tokens": 4, "temperature": 0}
 LONG = {
@@ -37,42 +44,6 @@ def solo_server() -> Iterator[RunningServer]:
     running = start_server()
     yield running
     running.stop()
-
-
-def health(url: str) -> dict[str, Any]:
-    body: dict[str, Any] = httpx.get(f"{url}/health").json()
-    return body
-
-
-def wait_for(predicate: Any, what: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.1)
-
-
-def busy_container(url: str) -> dict[str, Any]:
-    """The container running a request (waits until one does)."""
-    found: list[dict[str, Any]] = []
-
-    def running() -> bool:
-        found[:] = [c for c in health(url)["containers"] if c["num_running"]]
-        return bool(found)
-
-    wait_for(running, "no container started the request")
-    return found[0]
-
-
-def stream_in_background(url: str, body: dict[str, Any]) -> tuple[threading.Thread, list[str]]:
-    lines: list[str] = []
-
-    def run() -> None:
-        response = httpx.post(f"{url}/v1/completions", json={**body, "stream": True}, timeout=180)
-        lines.extend(sse_payloads(response.text))
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    return thread, lines
 
 
 def test_killed_engine_requests_resume_on_another_container(

@@ -26,6 +26,8 @@ from tokenpace.server.routes import RouteConfig
 from tokenpace.server.service import ModelLimits, Service
 from tokenpace.server.uvicorn_server import DrainingServer
 from tokenpace.server.worker.wire import Calibration, WorkerSpec
+from tokenpace.server.worker_handle import Launcher
+from tokenpace.server.worker_process import WorkerProcess
 
 logger = logging.getLogger("tokenpace.server")
 
@@ -73,6 +75,26 @@ def worker_spec(options: ServeOptions, checkpoint_dir: Path) -> WorkerSpec:
     )
 
 
+def worker_launcher(
+    options: ServeOptions, clock: Callable[[], float]
+) -> tuple[Launcher, Callable[[], None]]:
+    """How containers start their workers, and what to release when the pool stops: local
+    processes, or actors on the Ray cluster ``--ray-address`` names (joined here)."""
+    if options.ray_address is None:
+        return WorkerProcess.start, lambda: None
+    from tokenpace.server.ray_workers import RayCluster, RayPlacement
+
+    cpus = options.ray_cpus_per_engine
+    placement = RayPlacement(
+        options.ray_address,
+        cpus_per_engine=cpus if cpus is not None else float(options.num_threads),
+        gpus_per_engine=options.ray_gpus_per_engine,
+    )
+    cluster = RayCluster(placement, clock)
+    cluster.connect()
+    return cluster.launch, cluster.close
+
+
 def build_server(
     options: ServeOptions,
     clock: Callable[[], float] = time.perf_counter,
@@ -86,6 +108,7 @@ def build_server(
     tokenizer = load_tokenizer(checkpoint_dir)
     metrics = ServerMetrics(options.model_name)
     admission = AdmissionQueue(QueueBounds(options.max_queued_requests, options.max_queued_tokens))
+    launch, release = worker_launcher(options, clock)
     deps = ContainerDeps(
         spec=worker_spec(options, checkpoint_dir),
         clock=clock,
@@ -94,8 +117,9 @@ def build_server(
         keep_alive_s=options.keep_alive_s,
         on_state_change=lambda: None,
         stop_timeout_s=options.shutdown_timeout_s,
+        launch=launch,
     )
-    pool = ServerPool(options.containers, build_router(options.router), deps)
+    pool = ServerPool(options.containers, build_router(options.router), deps, release)
     pool.start(num_warm=options.warm_containers)
     first = pool.containers[0]
     if not first.ready.wait(options.start_timeout_s) or first.kv_capacity_tokens is None:

@@ -40,6 +40,15 @@ class ServeOptions:
     keep_alive_s: float | None = option(
         None, "Seconds an idle container stays warm before going cold (None: never)."
     )
+    ray_address: str | None = option(
+        None,
+        "Place the engine containers on a Ray cluster: 'local' starts one here, 'auto' or "
+        "HOST:PORT joins a running one (None: local processes).",
+    )
+    ray_cpus_per_engine: float | None = option(
+        None, "CPUs each engine actor reserves on its Ray node (default: --num-threads)."
+    )
+    ray_gpus_per_engine: float = option(0.0, "GPUs each engine actor reserves on its Ray node.")
     cache_dir: Path | None = option(
         None, "Converted checkpoint cache (default ~/.cache/tokenpace)."
     )
@@ -99,6 +108,14 @@ class ServeOptions:
             raise ValueError(
                 f"--engine {self.engine!r} is not served; valid choices: {', '.join(ENGINES)}"
             )
+        if self.ray_cpus_per_engine is not None and not self.ray_cpus_per_engine > 0:
+            raise ValueError(f"--ray-cpus-per-engine must be > 0, got {self.ray_cpus_per_engine}")
+        if self.ray_gpus_per_engine < 0:
+            raise ValueError(f"--ray-gpus-per-engine must be >= 0, got {self.ray_gpus_per_engine}")
+        if self.ray_address is None and (
+            self.ray_cpus_per_engine is not None or self.ray_gpus_per_engine
+        ):
+            raise ValueError("--ray-cpus-per-engine and --ray-gpus-per-engine need --ray-address")
         if not 1 <= self.warm_containers <= self.containers:
             raise ValueError(
                 f"--warm-containers must be in [1, --containers={self.containers}], "

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import replace
 
 from tokenpace.pool.container import ContainerState
@@ -29,8 +30,15 @@ from tokenpace.server.metrics import ServerMetrics
 class ServerPool:
     """Containers sharing one admission queue and one metrics registry."""
 
-    def __init__(self, num_containers: int, router: Router, deps: ContainerDeps) -> None:
+    def __init__(
+        self,
+        num_containers: int,
+        router: Router,
+        deps: ContainerDeps,
+        release: Callable[[], None] = lambda: None,
+    ) -> None:
         self.router = router
+        self._release = release
         self.metrics: ServerMetrics = deps.metrics
         self._ids = itertools.count()
         self._lock = threading.Lock()
@@ -68,7 +76,8 @@ class ServerPool:
             container.abort_all()
 
     def stop(self, timeout_s: float) -> None:
-        """Stop every container (in parallel: each shuts its own worker down)."""
+        """Stop every container (in parallel: each shuts its own worker down), then
+        ``release`` what the workers ran on (a Ray cluster this server joined)."""
         threads = [
             threading.Thread(target=c.stop, args=(timeout_s,), daemon=True) for c in self.containers
         ]
@@ -76,6 +85,7 @@ class ServerPool:
             thread.start()
         for thread in threads:
             thread.join()
+        self._release()
 
     def _route_and_submit(self, inflight: InFlight, exclude: int | None) -> int:
         with self._lock:

@@ -1,0 +1,124 @@
+"""A pool placed on a real multi-node Ray cluster (``--ray-address``).
+
+The cluster is Ray's own: a head node that runs no engines and two worker nodes of two
+CPUs each, every node its own raylet (``ray.cluster_utils.Cluster``), on this machine. Each
+engine actor reserves two CPUs, so the two containers must land on different nodes. A
+node is then removed while it streams: its request moves to the other node, and the
+container comes back once a new node joins.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.server.conftest import RunningServer, start_server
+from tests.server.helpers import (
+    MODEL,
+    busy_container,
+    health,
+    metric,
+    stream_in_background,
+    stream_text,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+NODE_CPUS = 2
+OBJECT_STORE_BYTES = 80 * 2**20
+LONG = {
+    "model": MODEL,
+    "prompt": "Tell me a long story about a lighthouse.",
+    "max_tokens": 96,
+    "temperature": 0,
+    "ignore_eos": True,
+    "stream_options": {"include_usage": True},
+}
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    pytest.importorskip("ray", reason="needs the ray extra (scripts/setup.sh ray)")
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster: Any = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 0,
+            "object_store_memory": OBJECT_STORE_BYTES,
+            "include_dashboard": False,
+        },
+    )
+    for _ in range(2):
+        cluster.add_node(num_cpus=NODE_CPUS, object_store_memory=OBJECT_STORE_BYTES)
+    yield cluster
+    ray.shutdown()  # type: ignore[no-untyped-call]
+    cluster.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ray_server(cluster: Any) -> Iterator[RunningServer]:
+    running = start_server(
+        containers=2,
+        warm_containers=2,
+        ray_address=cluster.address,
+        ray_cpus_per_engine=float(NODE_CPUS),
+    )
+    yield running
+    running.stop()
+
+
+def warm_nodes(url: str) -> list[str]:
+    """The locations of the warm containers."""
+    return [c["location"] for c in health(url)["containers"] if c["state"] == "warm"]
+
+
+def test_containers_are_placed_on_separate_nodes_and_serve(ray_server: RunningServer) -> None:
+    url = ray_server.url
+    wait_for(lambda: len(warm_nodes(url)) == 2, "the engine actors did not load", 120)
+    locations = warm_nodes(url)
+    assert all(location.startswith("ray node ") for location in locations)
+    assert len(set(locations)) == 2
+    body = {**LONG, "max_tokens": 8, "stream_options": None}
+    for _ in range(4):  # every container serves some: the router spreads idle load
+        response = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
+        assert response.status_code == 200
+        assert response.json()["usage"]["completion_tokens"] == 8
+
+
+def test_a_lost_node_moves_its_stream_and_the_container_returns_on_a_new_node(
+    ray_server: RunningServer, cluster: Any
+) -> None:
+    url = ray_server.url
+    wait_for(lambda: len(warm_nodes(url)) == 2, "the engine actors did not load", 120)
+    thread, payloads = stream_in_background(url, LONG)
+    victim = busy_container(url)
+    survivor = next(c for c in health(url)["containers"] if c["id"] != victim["id"])
+    node_prefix = victim["location"].split()[2]
+    (node,) = [n for n in cluster.list_all_nodes() if n.node_id.startswith(node_prefix)]
+    time.sleep(0.5)  # let some tokens reach the client first
+    cluster.remove_node(node, allow_graceful=False)
+    thread.join(180)
+    assert payloads[-1] == "[DONE]"
+    assert not any('"error"' in p for p in payloads)
+    assert '"completion_tokens": 96' in payloads[-2]
+    assert stream_text(payloads, chat=False)
+    assert metric(url, "tokenpace:migrations_total") == 1
+    assert metric(url, "tokenpace:engine_restarts_total") == 1
+    # No node has room for the restarted actor: it waits, loading, until one joins.
+    assert health(url)["containers"][victim["id"]]["state"] == "loading"
+    assert health(url)["containers"][survivor["id"]]["location"] == survivor["location"]
+    cluster.add_node(num_cpus=NODE_CPUS, object_store_memory=OBJECT_STORE_BYTES)
+    wait_for(lambda: len(warm_nodes(url)) == 2, "the container did not come back", 120)
+    back = health(url)["containers"][victim["id"]]["location"]
+    assert back not in (victim["location"], survivor["location"])
+    response = httpx.post(
+        f"{url}/v1/completions", json={**LONG, "max_tokens": 4, "stream_options": None}
+    )
+    assert response.status_code == 200
