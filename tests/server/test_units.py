@@ -82,6 +82,8 @@ def test_validation_errors_name_the_top_level_field(
         (["--engine", "tgi"], "--engine 'tgi'"),
         (["--containers", "2", "--warm-containers", "3"], "--warm-containers"),
         (["--keep-alive", "0"], "keep_alive_s"),
+        (["--ray-address", "auto", "--ray-cpus-per-engine", "0"], "--ray-cpus-per-engine"),
+        (["--ray-gpus-per-engine", "1"], "need --ray-address"),
     ],
 )
 def test_bad_serve_flags_exit_2_naming_the_flag(
