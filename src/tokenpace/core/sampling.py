@@ -10,16 +10,22 @@ class SamplingParams:
     """OpenAI-style sampling settings. ``temperature == 0`` means greedy. ``seed`` makes a
     sampled request reproducible on its own. ``stop`` strings end generation (the stop
     string is not part of the output); ``ignore_eos`` forces exactly max_tokens tokens, as
-    benchmark workloads do."""
+    benchmark workloads do. ``first_output_index``: the position, in the whole generation,
+    of the first token this run produces; a request resumed elsewhere with its earlier
+    tokens in the prompt continues its seeded random stream where it stopped (engines that
+    derive each token's randomness from its position honour it: the native engine)."""
 
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    first_output_index: int = 0
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.first_output_index < 0:
+            raise ValueError(f"first_output_index must be >= 0, got {self.first_output_index}")

@@ -57,14 +57,15 @@ class InFlight:
     retries: int = 0
 
     def work_item(self) -> WorkItem:
-        """The request as a worker should run it now: delivered tokens extend the prompt."""
+        """The request as a worker should run it now: delivered tokens extend the prompt and
+        its sampling continues from the next output position."""
         r = self.request
         return WorkItem(
             request_id=r.request_id,
             prompt_token_ids=(*(r.prompt_token_ids or ()), *self.delivered),
             max_tokens=r.max_tokens - len(self.delivered),
             arrival_s=r.arrival_s,
-            sampling=r.sampling,
+            sampling=replace(r.sampling, first_output_index=len(self.delivered)),
         )
 
     @property

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from fastapi import FastAPI
 
 from tokenpace.core.registry import UnknownNameError
@@ -99,10 +100,12 @@ def build_server(
     options: ServeOptions,
     clock: Callable[[], float] = time.perf_counter,
     unix_clock: Callable[[], float] = time.time,
+    rng: np.random.Generator | None = None,
 ) -> Server:
     """Prepare the checkpoint, start the pool (the first ``warm_containers`` engines load
-    now; the first must come up before this returns) and build the app. Raises
-    EngineStartError when the first engine fails to start."""
+    now; the first must come up before this returns) and build the app. ``rng`` seeds
+    sampled requests that carry no seed (default: fresh entropy). Raises EngineStartError
+    when the first engine fails to start."""
     check_names(options)
     checkpoint_dir = prepare_checkpoint(options)
     tokenizer = load_tokenizer(checkpoint_dir)
@@ -126,12 +129,15 @@ def build_server(
         error = first.start_error or f"not ready after {options.start_timeout_s} s"
         pool.stop(options.shutdown_timeout_s)
         raise EngineStartError(f"the {options.engine} engine did not start: {error}")
+    rng = rng if rng is not None else np.random.default_rng()
     limits = ModelLimits(
         max_model_len=options.max_model_len,
         kv_capacity_tokens=first.kv_capacity_tokens,
         default_max_tokens=options.default_max_tokens,
     )
-    service = Service(pool, admission, tokenizer, metrics, limits, clock, options.retry_after_s)
+    service = Service(
+        pool, admission, tokenizer, metrics, limits, clock, options.retry_after_s, rng
+    )
     route_config = RouteConfig(
         model_name=options.model_name,
         api_key=options.api_key,

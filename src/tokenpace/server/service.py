@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
+
+import numpy as np
 
 from tokenpace.core.request import Request
 from tokenpace.core.sampling import SamplingParams
@@ -44,6 +46,7 @@ class Service:
         limits: ModelLimits,
         clock: Callable[[], float],
         retry_after_s: int,
+        rng: np.random.Generator,
     ) -> None:
         self.pool = pool
         self.admission = admission
@@ -52,6 +55,7 @@ class Service:
         self.limits = limits
         self.clock = clock
         self.retry_after_s = retry_after_s
+        self.rng = rng
         self.accepting = True
 
     def check_lengths(
@@ -86,8 +90,9 @@ class Service:
     def submit(
         self, prompt_token_ids: list[int], max_tokens: int, sampling: SamplingParams
     ) -> InFlight:
-        """Admit and route a request. Raises ApiError 429 (queue full, with Retry-After) or
-        503 (shutting down)."""
+        """Admit and route a request. A sampled request without a seed gets one drawn from
+        ``rng``, so wherever it runs (and after a move) it draws one random stream. Raises
+        ApiError 429 (queue full, with Retry-After) or 503 (shutting down)."""
         if not self.accepting:
             self.metrics.reject("shutting_down")
             raise ApiError(503, "the server is shutting down", code="shutting_down")
@@ -107,7 +112,7 @@ class Service:
             max_tokens=max_tokens,
             arrival_s=self.clock(),
             prompt_token_ids=list(prompt_token_ids),
-            sampling=sampling,
+            sampling=self._seeded(sampling),
         )
         inflight = InFlight(request, RequestHandle(request_id, asyncio.get_running_loop()))
         try:
@@ -116,6 +121,11 @@ class Service:
             self.admission.release(request_id)
             raise ApiError(503, str(error), code="shutting_down") from None
         return inflight
+
+    def _seeded(self, sampling: SamplingParams) -> SamplingParams:
+        if sampling.temperature == 0 or sampling.seed is not None:
+            return sampling
+        return replace(sampling, seed=int(self.rng.integers(0, 2**63 - 1)))
 
     def abort(self, submission: InFlight) -> None:
         self.pool.abort(submission)

@@ -127,6 +127,30 @@ def test_seeded_sampling_is_reproducible(
     assert sampled(seed=8, companions=0) != alone
 
 
+def test_a_resumed_seeded_request_continues_its_random_stream(
+    make_engine: EngineFactory, prompt_ids: list[list[int]]
+) -> None:
+    params: dict[str, Any] = {"temperature": 1.0, "top_p": 0.9, "ignore_eos": True, "seed": 11}
+    whole = make_request(0, prompt_ids[2], max_tokens=24, **params)
+    run(StepLoop(twp(), make_engine()), [whole])
+    done = whole.output_token_ids[:10]
+
+    def resumed(first_output_index: int) -> list[int]:
+        request = make_request(
+            1,
+            [*prompt_ids[2], *done],
+            max_tokens=14,
+            first_output_index=first_output_index,
+            **params,
+        )
+        run(StepLoop(twp(), make_engine()), [request])
+        return request.output_token_ids
+
+    # Moved after 10 tokens, with them in its prompt: the same 14 tokens follow.
+    assert resumed(first_output_index=10) == whole.output_token_ids[10:]
+    assert resumed(first_output_index=0) != whole.output_token_ids[10:]
+
+
 def test_step_latency_is_measured(make_engine: EngineFactory, prompt_ids: list[list[int]]) -> None:
     engine = make_engine()
     loop = StepLoop(twp(), engine)

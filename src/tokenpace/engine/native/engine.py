@@ -140,7 +140,8 @@ class NativeEngine(BlockAccountedEngine):
             seed = request.sampling.seed
             if seed is None:
                 seed = self._base_seed + request.request_id
-            token = sample(logits[row], request.sampling, seed, request.num_output_tokens)
+            index = request.sampling.first_output_index + request.num_output_tokens
+            token = sample(logits[row], request.sampling, seed, index)
             sampled[request.request_id] = token
             if should_stop(
                 self.tokenizer,

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from tokenpace.core.request import FinishReason, Request
 from tokenpace.core.sampling import SamplingParams
 from tokenpace.engine.profile import EngineProfile
@@ -251,15 +253,23 @@ def _time_batch(
 
 
 def _vllm_sampling(sampling: SamplingParams, max_tokens: int) -> Any:
-    """vLLM's ``SamplingParams`` for tokenpace's, emitting only each step's new tokens."""
+    """vLLM's ``SamplingParams`` for tokenpace's, emitting only each step's new tokens.
+
+    vLLM's generator for a seeded request carries state from token to token, so a request
+    resumed at ``first_output_index`` > 0 cannot continue the original stream; it gets a
+    seed derived from (seed, index) instead, so it does not replay the draws it began with."""
     from vllm import SamplingParams as VllmSamplingParams
     from vllm.sampling_params import RequestOutputKind
 
+    seed = sampling.seed
+    if seed is not None and sampling.first_output_index > 0:
+        sequence = np.random.SeedSequence([seed & (2**63 - 1), sampling.first_output_index])
+        seed = int(sequence.generate_state(1)[0])
     return VllmSamplingParams(
         max_tokens=max_tokens,
         temperature=sampling.temperature,
         top_p=sampling.top_p,
-        seed=sampling.seed,
+        seed=seed,
         stop=list(sampling.stop) or None,
         ignore_eos=sampling.ignore_eos,
         output_kind=RequestOutputKind.DELTA,
