@@ -122,3 +122,30 @@ def test_a_lost_node_moves_its_stream_and_the_container_returns_on_a_new_node(
         f"{url}/v1/completions", json={**LONG, "max_tokens": 4, "stream_options": None}
     )
     assert response.status_code == 200
+
+
+def test_vllm_engine_runs_as_an_actor_on_the_node_with_room(
+    ray_server: RunningServer, cluster: Any
+) -> None:
+    pytest.importorskip("vllm", reason="needs the vllm extra (scripts/setup.sh vllm)")
+    taken = set(warm_nodes(ray_server.url))
+    cluster.add_node(num_cpus=NODE_CPUS, object_store_memory=OBJECT_STORE_BYTES)
+    running = start_server(
+        engine="vllm",
+        dtype="bfloat16",
+        max_model_len=512,
+        kv_cache_tokens=8192,
+        ray_address=cluster.address,
+        ray_cpus_per_engine=float(NODE_CPUS),
+    )
+    try:
+        (location,) = warm_nodes(running.url)
+        assert location.startswith("ray node ") and location not in taken
+        body = {**LONG, "max_tokens": 8, "stream_options": None}
+        response = httpx.post(f"{running.url}/v1/completions", json=body, timeout=120)
+        assert response.status_code == 200
+        assert response.json()["usage"]["completion_tokens"] == 8
+        # TWP decides inside vLLM's scheduler on the remote node.
+        assert metric(running.url, "tokenpace:twp_token_window") > 0
+    finally:
+        running.stop()

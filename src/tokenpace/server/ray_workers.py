@@ -111,8 +111,11 @@ class EngineHost:
             raise RuntimeError("EngineHost.serve called before open")
         with self._listener as listener:
             conn = listener.accept()
-        offset_s = answer_clock_probes(conn)
-        run_worker(spec, conn, lambda: time.perf_counter() - offset_s)
+        try:
+            offset_s = answer_clock_probes(conn)
+            run_worker(spec, conn, lambda: time.perf_counter() - offset_s)
+        finally:
+            conn.close()  # the actor outlives this call: EOF tells the server at once
 
 
 def answer_clock_probes(conn: Connection) -> float:
