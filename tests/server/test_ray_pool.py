@@ -86,7 +86,7 @@ def test_containers_are_placed_on_separate_nodes_and_serve(ray_server: RunningSe
     assert all(location.startswith("ray node ") for location in locations)
     assert len(set(locations)) == 2
     body = {**LONG, "max_tokens": 8, "stream_options": None}
-    for _ in range(4):  # every container serves some: the router spreads idle load
+    for _ in range(4):
         response = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
         assert response.status_code == 200
         assert response.json()["usage"]["completion_tokens"] == 8
