@@ -7,6 +7,10 @@ the actor, authenticated with a key made for each start. Each actor reserves
 strategy, so containers land on different nodes while nodes have room; a worker that
 finds no room waits (its container stays loading) until a node with room joins.
 
+The server notices a worker's end through its connection: EOF when the actor's process or
+node ends, or, for a node cut off from the network (its sockets stay open), when Ray
+declares the actor dead and a watcher thread shuts the connection down.
+
 Workers stamp tokens with their node's monotonic clock shifted onto the server's: at
 connect time the server measures the offset from a few round trips and keeps the one with
 the shortest round trip, so its error is within half that round trip.
@@ -17,8 +21,11 @@ prepared (the same cache folder on each node, or a shared file system).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -218,6 +225,7 @@ class RayWorker(WorkerHandle):
         self._retry_at_s: float | None = None
         self._start = place()
         self._place: WorkerPlace | None = None
+        self._conn_lock = threading.Lock()
 
     @property
     def pid(self) -> int | None:
@@ -267,7 +275,26 @@ class RayWorker(WorkerHandle):
         except (OSError, EOFError) as error:
             raise WorkerGone(f"{self._where()} could not be reached: {error}") from None
         self.conn = conn
+        threading.Thread(
+            target=self._close_when_actor_ends, name=f"{self.name}-watch", daemon=True
+        ).start()
         return True
+
+    def _close_when_actor_ends(self) -> None:
+        """A node cut off from the server leaves the TCP connection open; Ray still declares
+        its actors dead (missed heartbeats). Shutting the socket down then makes the
+        container read EOF, as it would from a worker that exited."""
+        import ray
+
+        ray.wait([self._start.run_ref], timeout=None)
+        with self._conn_lock:
+            if self.conn is None or self.conn.closed:
+                return
+            with (
+                contextlib.suppress(OSError),
+                socket.socket(fileno=os.dup(self.conn.fileno())) as sock,
+            ):
+                sock.shutdown(socket.SHUT_RDWR)
 
     def _join(self, timeout_s: float) -> bool:
         import ray
@@ -281,7 +308,8 @@ class RayWorker(WorkerHandle):
         ray.kill(self._start.actor, no_restart=True)
 
     def _close(self) -> None:
-        super()._close()
+        with self._conn_lock:  # never while the watcher shuts the socket down
+            super()._close()
         self.kill()  # an actor whose worker returned still holds its CPUs until it ends
 
     def _exit_description(self) -> str:
