@@ -2,8 +2,9 @@
 TCP connection to the engine actor stays open and no EOF ever comes. Ray's health checks
 declare the node dead; the server must then move the stream to the other node.
 
-The cluster checks node health every 500 ms and declares a node dead after 4 missed
-checks, so the test does not wait Ray's default 15 s or more.
+The cluster checks node health every second and declares a node dead after 5 missed checks
+(a margin against a busy CPU delaying a healthy raylet), so the test does not wait Ray's
+default 15 s or more.
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ NODE_CPUS = 2
 OBJECT_STORE_BYTES = 80 * 2**20
 HEALTH_CHECKS = {
     "health_check_initial_delay_ms": 1000,
-    "health_check_period_ms": 500,
-    "health_check_timeout_ms": 500,
-    "health_check_failure_threshold": 4,
+    "health_check_period_ms": 1000,
+    "health_check_timeout_ms": 1000,
+    "health_check_failure_threshold": 5,
 }
 LONG = {
     "model": MODEL,
