@@ -80,7 +80,8 @@ def worker_launcher(
     options: ServeOptions, clock: Callable[[], float]
 ) -> tuple[Launcher, Callable[[], None]]:
     """How containers start their workers, and what to release when the pool stops: local
-    processes, or actors on the Ray cluster ``--ray-address`` names (joined here)."""
+    processes, or actors on the Ray cluster ``--ray-address`` names (joined here; raises
+    EngineStartError when it cannot be)."""
     if options.ray_address is None:
         return WorkerProcess.start, lambda: None
     from tokenpace.server.ray_workers import RayCluster, RayPlacement
@@ -92,7 +93,14 @@ def worker_launcher(
         gpus_per_engine=options.ray_gpus_per_engine,
     )
     cluster = RayCluster(placement, clock)
-    cluster.connect()
+    try:
+        cluster.connect()
+    except ImportError:
+        raise EngineStartError("--ray-address needs Ray: scripts/setup.sh ray") from None
+    except (ConnectionError, RuntimeError, ValueError) as error:
+        raise EngineStartError(
+            f"--ray-address {options.ray_address!r}: cannot join the Ray cluster: {error}"
+        ) from None
     return cluster.launch, cluster.close
 
 

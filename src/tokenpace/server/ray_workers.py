@@ -190,7 +190,7 @@ class RayCluster:
         """Place an engine actor for ``spec``; it begins loading once Ray has placed it."""
         if self._actor_class is None:
             raise RuntimeError("RayCluster.launch called before connect")
-        return RayWorker(name, lambda: self._place(spec), self._clock)
+        return RayWorker(name, self._place(spec), lambda: self._place(spec), self._clock)
 
     def _place(self, spec: WorkerSpec) -> ActorStart:
         actor = self._actor_class.options(
@@ -215,15 +215,17 @@ class RayWorker(WorkerHandle):
     before it listens (its node was lost while Ray placed it) is placed again, for up to
     ``PLACEMENT_RETRY_S`` seconds from the first try."""
 
-    def __init__(self, name: str, place: Callable[[], ActorStart], clock: Clock) -> None:
+    def __init__(
+        self, name: str, start: ActorStart, place_again: Callable[[], ActorStart], clock: Clock
+    ) -> None:
         super().__init__()
         self.name = name
         self.clock_offset_s: float | None = None
-        self._place_actor = place
+        self._place_again = place_again
         self._clock = clock
         self._first_try_s = clock()
         self._retry_at_s: float | None = None
-        self._start = place()
+        self._start = start
         self._place: WorkerPlace | None = None
         self._conn_lock = threading.Lock()
 
@@ -255,7 +257,7 @@ class RayWorker(WorkerHandle):
                 time.sleep(min(wait_s, timeout_s))
                 return False
             self._retry_at_s = None
-            self._start = self._place_actor()
+            self._start = self._place_again()
         placed, _ = ray.wait([self._start.place_ref], timeout=timeout_s)
         if not placed:
             return False
