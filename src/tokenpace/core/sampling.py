@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
@@ -29,3 +31,13 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.first_output_index < 0:
             raise ValueError(f"first_output_index must be >= 0, got {self.first_output_index}")
+
+
+def token_seed(seed: int, output_index: int) -> int:
+    """The generator seed for output token ``output_index`` of a request seeded ``seed``.
+
+    Deriving it from (seed, index) rather than carrying generator state makes a sampled
+    request reproducible on its own, whatever it was batched with and even after a
+    preemption that recomputes its KV."""
+    state = np.random.SeedSequence([seed & (2**63 - 1), output_index]).generate_state(2)
+    return (int(state[0]) << 32 | int(state[1])) & (2**63 - 1)

@@ -220,7 +220,6 @@ class RayWorker(WorkerHandle):
     ) -> None:
         super().__init__()
         self.name = name
-        self.clock_offset_s: float | None = None
         self._place_again = place_again
         self._clock = clock
         self._first_try_s = clock()
@@ -232,10 +231,6 @@ class RayWorker(WorkerHandle):
     @property
     def pid(self) -> int | None:
         return self._place.pid if self._place is not None else None
-
-    @property
-    def node_id(self) -> str | None:
-        return self._place.node_id if self._place is not None else None
 
     @property
     def location(self) -> str:
@@ -273,10 +268,13 @@ class RayWorker(WorkerHandle):
         assert self._place is not None
         try:
             conn = Client(self._place.address, authkey=self._start.authkey)
-            self.clock_offset_s = measure_clock_offset(conn, self._clock)
+            offset_s = measure_clock_offset(conn, self._clock)
         except (OSError, EOFError) as error:
             raise WorkerGone(f"{self._where()} could not be reached: {error}") from None
         self.conn = conn
+        logger.info(
+            "%s: %s connected, clock offset %+.3f ms", self.name, self._where(), offset_s * 1e3
+        )
         threading.Thread(
             target=self._close_when_actor_ends, name=f"{self.name}-watch", daemon=True
         ).start()

@@ -6,8 +6,8 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the native engine needs torch (native extra)")
 
-from tokenpace.core.sampling import SamplingParams  # noqa: E402
-from tokenpace.engine.native.sampler import sample, token_seed  # noqa: E402
+from tokenpace.core.sampling import SamplingParams, token_seed  # noqa: E402
+from tokenpace.engine.native.sampler import sample  # noqa: E402
 
 pytestmark = pytest.mark.native
 

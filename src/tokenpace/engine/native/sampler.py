@@ -2,20 +2,9 @@
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
-from tokenpace.core.sampling import SamplingParams
-
-
-def token_seed(seed: int, output_index: int) -> int:
-    """The generator seed for output token ``output_index`` of a request seeded ``seed``.
-
-    Deriving it from (seed, index) rather than carrying generator state makes a sampled
-    request reproducible on its own, whatever it was batched with and even after a
-    preemption that recomputes its KV."""
-    state = np.random.SeedSequence([seed & (2**63 - 1), output_index]).generate_state(2)
-    return (int(state[0]) << 32 | int(state[1])) & (2**63 - 1)
+from tokenpace.core.sampling import SamplingParams, token_seed
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, seed: int, output_index: int) -> int:

@@ -15,10 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from tokenpace.core.request import FinishReason, Request
-from tokenpace.core.sampling import SamplingParams
+from tokenpace.core.sampling import SamplingParams, token_seed
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.engine.vllm.config import VllmEngineConfig
 from tokenpace.engine.vllm.runner import policy_for, start_engine
@@ -263,8 +261,7 @@ def _vllm_sampling(sampling: SamplingParams, max_tokens: int) -> Any:
 
     seed = sampling.seed
     if seed is not None and sampling.first_output_index > 0:
-        sequence = np.random.SeedSequence([seed & (2**63 - 1), sampling.first_output_index])
-        seed = int(sequence.generate_state(1)[0])
+        seed = token_seed(seed, sampling.first_output_index)
     return VllmSamplingParams(
         max_tokens=max_tokens,
         temperature=sampling.temperature,
