@@ -11,6 +11,14 @@ from typing import Any
 import httpx
 
 MODEL = "smollm2-135m-instruct"
+# A request that streams long enough (96 tokens) to be interrupted mid-way.
+LONG = {
+    "model": MODEL,
+    "prompt": "Tell me a long story about a lighthouse.",
+    "max_tokens": 96,
+    "temperature": 0,
+    "ignore_eos": True,
+}
 
 
 def sse_payloads(body: str) -> list[str]:

@@ -13,6 +13,7 @@ import pytest
 
 from tests.server.conftest import RunningServer, start_server
 from tests.server.helpers import (
+    LONG,
     MODEL,
     busy_container,
     health,
@@ -23,13 +24,6 @@ from tests.server.helpers import (
 )
 
 BODY = {"model": MODEL, "prompt": "Hello", "max_tokens": 4, "temperature": 0}
-LONG = {
-    "model": MODEL,
-    "prompt": "Tell me a long story about a lighthouse.",
-    "max_tokens": 96,
-    "temperature": 0,
-    "ignore_eos": True,
-}
 
 
 @pytest.fixture(scope="module")

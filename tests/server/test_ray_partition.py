@@ -18,66 +18,36 @@ from typing import Any
 
 import pytest
 
-from tests.server.conftest import RunningServer, start_server
+from tests.server.conftest import RunningServer
 from tests.server.helpers import (
-    MODEL,
+    LONG,
     busy_container,
     health,
     metric,
     stream_in_background,
     wait_for,
 )
+from tests.server.ray_cluster import node_of, ray_cluster, start_ray_pool
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-NODE_CPUS = 2
-OBJECT_STORE_BYTES = 80 * 2**20
 HEALTH_CHECKS = {
     "health_check_initial_delay_ms": 1000,
     "health_check_period_ms": 1000,
     "health_check_timeout_ms": 1000,
     "health_check_failure_threshold": 5,
 }
-LONG = {
-    "model": MODEL,
-    "prompt": "Tell me a long story about a lighthouse.",
-    "max_tokens": 64,
-    "temperature": 0,
-    "ignore_eos": True,
-    "stream_options": {"include_usage": True},
-}
+STREAMED = {**LONG, "max_tokens": 64, "stream_options": {"include_usage": True}}
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
-    pytest.importorskip("ray", reason="needs the ray extra (scripts/setup.sh ray)")
-    import ray
-    from ray.cluster_utils import Cluster
-
-    cluster: Any = Cluster(
-        initialize_head=True,
-        head_node_args={
-            "num_cpus": 0,
-            "object_store_memory": OBJECT_STORE_BYTES,
-            "include_dashboard": False,
-            "_system_config": HEALTH_CHECKS,
-        },
-    )
-    for _ in range(2):
-        cluster.add_node(num_cpus=NODE_CPUS, object_store_memory=OBJECT_STORE_BYTES)
-    yield cluster
-    ray.shutdown()  # type: ignore[no-untyped-call]
-    cluster.shutdown()
+    yield from ray_cluster(num_nodes=2, system_config=HEALTH_CHECKS)
 
 
 @pytest.fixture(scope="module")
 def ray_server(cluster: Any) -> Iterator[RunningServer]:
-    running = start_server(
-        containers=2,
-        warm_containers=2,
-        ray_address=cluster.address,
-        ray_cpus_per_engine=float(NODE_CPUS),
-    )
+    running = start_ray_pool(cluster, containers=2, warm_containers=2)
     yield running
     running.stop()
 
@@ -91,10 +61,9 @@ def test_a_frozen_node_is_declared_dead_and_its_stream_moves(
         "the engine actors did not load",
         120,
     )
-    thread, payloads = stream_in_background(url, LONG)
+    thread, payloads = stream_in_background(url, STREAMED)
     victim = busy_container(url)
-    node_prefix = victim["location"].split()[2]
-    (node,) = [n for n in cluster.list_all_nodes() if n.node_id.startswith(node_prefix)]
+    node = node_of(cluster, victim)
     frozen = [victim["pid"], *(p.process.pid for p in node.all_processes["raylet"])]
     time.sleep(0.5)  # let some tokens reach the client first
     for pid in frozen:

@@ -16,9 +16,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.server.conftest import RunningServer, start_server
+from tests.server.conftest import RunningServer
 from tests.server.helpers import (
-    MODEL,
+    LONG,
     busy_container,
     health,
     metric,
@@ -26,50 +26,21 @@ from tests.server.helpers import (
     stream_text,
     wait_for,
 )
+from tests.server.ray_cluster import add_node, node_of, ray_cluster, start_ray_pool
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-NODE_CPUS = 2
-OBJECT_STORE_BYTES = 80 * 2**20
-LONG = {
-    "model": MODEL,
-    "prompt": "Tell me a long story about a lighthouse.",
-    "max_tokens": 96,
-    "temperature": 0,
-    "ignore_eos": True,
-    "stream_options": {"include_usage": True},
-}
+STREAMED = {**LONG, "stream_options": {"include_usage": True}}
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
-    pytest.importorskip("ray", reason="needs the ray extra (scripts/setup.sh ray)")
-    import ray
-    from ray.cluster_utils import Cluster
-
-    cluster: Any = Cluster(
-        initialize_head=True,
-        head_node_args={
-            "num_cpus": 0,
-            "object_store_memory": OBJECT_STORE_BYTES,
-            "include_dashboard": False,
-        },
-    )
-    for _ in range(2):
-        cluster.add_node(num_cpus=NODE_CPUS, object_store_memory=OBJECT_STORE_BYTES)
-    yield cluster
-    ray.shutdown()  # type: ignore[no-untyped-call]
-    cluster.shutdown()
+    yield from ray_cluster(num_nodes=2)
 
 
 @pytest.fixture(scope="module")
 def ray_server(cluster: Any) -> Iterator[RunningServer]:
-    running = start_server(
-        containers=2,
-        warm_containers=2,
-        ray_address=cluster.address,
-        ray_cpus_per_engine=float(NODE_CPUS),
-    )
+    running = start_ray_pool(cluster, containers=2, warm_containers=2)
     yield running
     running.stop()
 
@@ -85,7 +56,7 @@ def test_containers_are_placed_on_separate_nodes_and_serve(ray_server: RunningSe
     locations = warm_nodes(url)
     assert all(location.startswith("ray node ") for location in locations)
     assert len(set(locations)) == 2
-    body = {**LONG, "max_tokens": 8, "stream_options": None}
+    body = {**LONG, "max_tokens": 8}
     for _ in range(4):
         response = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
         assert response.status_code == 200
@@ -97,11 +68,10 @@ def test_a_lost_node_moves_its_stream_and_the_container_returns_on_a_new_node(
 ) -> None:
     url = ray_server.url
     wait_for(lambda: len(warm_nodes(url)) == 2, "the engine actors did not load", 120)
-    thread, payloads = stream_in_background(url, LONG)
+    thread, payloads = stream_in_background(url, STREAMED)
     victim = busy_container(url)
     survivor = next(c for c in health(url)["containers"] if c["id"] != victim["id"])
-    node_prefix = victim["location"].split()[2]
-    (node,) = [n for n in cluster.list_all_nodes() if n.node_id.startswith(node_prefix)]
+    node = node_of(cluster, victim)
     time.sleep(0.5)  # let some tokens reach the client first
     cluster.remove_node(node, allow_graceful=False)
     thread.join(180)
@@ -114,13 +84,11 @@ def test_a_lost_node_moves_its_stream_and_the_container_returns_on_a_new_node(
     # No node has room for the restarted actor: it waits, loading, until one joins.
     assert health(url)["containers"][victim["id"]]["state"] == "loading"
     assert health(url)["containers"][survivor["id"]]["location"] == survivor["location"]
-    cluster.add_node(num_cpus=NODE_CPUS, object_store_memory=OBJECT_STORE_BYTES)
+    add_node(cluster)
     wait_for(lambda: len(warm_nodes(url)) == 2, "the container did not come back", 120)
     back = health(url)["containers"][victim["id"]]["location"]
     assert back not in (victim["location"], survivor["location"])
-    response = httpx.post(
-        f"{url}/v1/completions", json={**LONG, "max_tokens": 4, "stream_options": None}
-    )
+    response = httpx.post(f"{url}/v1/completions", json={**LONG, "max_tokens": 4})
     assert response.status_code == 200
 
 
@@ -129,19 +97,14 @@ def test_vllm_engine_runs_as_an_actor_on_the_node_with_room(
 ) -> None:
     pytest.importorskip("vllm", reason="needs the vllm extra (scripts/setup.sh vllm)")
     taken = set(warm_nodes(ray_server.url))
-    cluster.add_node(num_cpus=NODE_CPUS, object_store_memory=OBJECT_STORE_BYTES)
-    running = start_server(
-        engine="vllm",
-        dtype="bfloat16",
-        max_model_len=512,
-        kv_cache_tokens=8192,
-        ray_address=cluster.address,
-        ray_cpus_per_engine=float(NODE_CPUS),
+    add_node(cluster)
+    running = start_ray_pool(
+        cluster, engine="vllm", dtype="bfloat16", max_model_len=512, kv_cache_tokens=8192
     )
     try:
         (location,) = warm_nodes(running.url)
         assert location.startswith("ray node ") and location not in taken
-        body = {**LONG, "max_tokens": 8, "stream_options": None}
+        body = {**LONG, "max_tokens": 8}
         response = httpx.post(f"{running.url}/v1/completions", json=body, timeout=120)
         assert response.status_code == 200
         assert response.json()["usage"]["completion_tokens"] == 8
