@@ -3,11 +3,26 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+
+@pytest.fixture(scope="module", autouse=True)
+def capacity_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """One capacity cache for the module's bench runs (each knee is measured once)."""
+    cache = tmp_path_factory.mktemp("capacity-cache")
+    saved = os.environ.get("TOKENPACE_CACHE_DIR")
+    os.environ["TOKENPACE_CACHE_DIR"] = str(cache)
+    yield
+    if saved is None:
+        del os.environ["TOKENPACE_CACHE_DIR"]
+    else:
+        os.environ["TOKENPACE_CACHE_DIR"] = saved
 
 
 def tokenpace(*args: str) -> subprocess.CompletedProcess[str]:
@@ -57,8 +72,18 @@ def test_whole_evaluation_is_deterministic_for_a_seed(tmp_path: Path) -> None:
     assert ("main", "twp") in workloads and ("main", "serverlessllm") not in workloads
     assert {("high", "serverlessllm"), ("burst", "twp")} <= workloads
     pool_runs = [r for r in document["runs"] if r["workload"] != "main"]
-    assert all("num_cold_starts" in r and "num_migrations" in r for r in pool_runs)
-    assert "Cold starts" in (tmp_path / "a" / "report.md").read_text()
+    assert all("num_cold_starts" in r and "container_seconds" in r for r in pool_runs)
+    assert {("kv_pressure", "twp"), ("prefill_heavy", "serverlessllm")} <= workloads
+    names = ("main", "low", "medium", "high", "burst", "kv_pressure", "prefill_heavy")
+    assert set(document["capacity"]) == set(names)
+    for name in names:
+        entry = document["capacity"][name]
+        # (A 3 s window absorbs transient overload: its knee may pass the steady ceiling.)
+        assert entry["knee_rps"] > 0 and entry["ceiling_rps"] > 0
+    high = document["capacity"]["high"]
+    assert high["rate_rps"] == pytest.approx(1.2 * high["knee_rps"])
+    report = (tmp_path / "a" / "report.md").read_text()
+    assert "Cold starts" in report and "## Capacity" in report
 
 
 AZURE_ROWS = (

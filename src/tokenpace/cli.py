@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from tokenpace.bench.capacity import CapacityJob, KneeProblem, measure_capacities
 from tokenpace.bench.cpu_scale import cpu_workloads, main_load_factor
 from tokenpace.bench.fidelity import measure_fidelity
 from tokenpace.bench.matrix import MatrixConfig
@@ -22,18 +23,22 @@ from tokenpace.bench.presets import (
     PRESETS,
     ROUTING_BASELINES,
     PlanOptions,
+    capacity_entry,
     pool_part,
 )
 from tokenpace.bench.suite import num_cells, run_bench
+from tokenpace.core.cache import default_cache_dir
 from tokenpace.engine.profile import EngineProfile, load_profile
+from tokenpace.metrics.qoe import QoeConfig
 from tokenpace.metrics.slo import Slo
 from tokenpace.pool.capacity import pool_capacity_rps_for_specs
 from tokenpace.pool.config import PoolConfig
 from tokenpace.pool.router import ROUTERS
 from tokenpace.pool.simulate import scheduler_names
+from tokenpace.workload.empirical import EmpiricalWorkload
 from tokenpace.workload.gsm8k import load_prompts
 from tokenpace.workload.main_experiment import PoissonWorkload
-from tokenpace.workload.scenarios import ScenarioConfig, scenario_capacity_rps
+from tokenpace.workload.scenarios import ScenarioConfig
 from tokenpace.workload.spec import ReplayWorkload
 from tokenpace.workload.traces import TRACE_FORMATS, TraceOptions, load_trace, time_scale_for_rate
 
@@ -105,13 +110,12 @@ def print_summary(console: Console, summary: list[dict[str, Any]]) -> None:
         console.print(table)
 
 
-def pool_config(containers: int, keep_alive: float, initial_warm: int | None) -> PoolConfig:
+def pool_config(containers: int, keep_alive: float, initial_warm: int) -> PoolConfig:
     require_positive("--containers", containers)
     require_positive("--keep-alive", keep_alive)
-    warm = min(containers, 2) if initial_warm is None else initial_warm
-    if not 0 <= warm <= containers:
-        fail(f"--initial-warm must be in [0, {containers}], got {warm}")
-    return PoolConfig(num_containers=containers, initial_warm=warm, keep_alive_s=keep_alive)
+    if not 0 <= initial_warm <= containers:
+        fail(f"--initial-warm must be in [0, {containers}], got {initial_warm}")
+    return PoolConfig(num_containers=containers, initial_warm=initial_warm, keep_alive_s=keep_alive)
 
 
 def trace_part(
@@ -121,8 +125,11 @@ def trace_part(
     load: float | None,
     plan: PlanOptions,
 ) -> tuple[MatrixConfig, str]:
-    """A pool part replaying the trace. With ``load`` set, the time scale is chosen so the
-    mean arrival rate is ``load`` x the pool's capacity for the trace's own lengths."""
+    """A pool part replaying the trace with its output lengths as true lengths and the
+    trace's largest output as every client's ``max_tokens``. With ``load`` set, the time
+    scale is chosen so the mean arrival rate is ``load`` x the pool's knee for the trace's
+    own lengths (measured like the scenarios' knees, on Poisson arrivals that resample the
+    trace's (prompt, output) pairs)."""
     if trace_format not in TRACE_FORMATS:
         fail(
             f"unknown --trace-format {trace_format!r}; valid choices: "
@@ -130,11 +137,25 @@ def trace_part(
         )
     try:
         trace = load_trace(path, trace_format, options)
+        if not trace.specs:
+            raise ValueError(f"{path}: no request left in the replay window")
+        cap = max(s.max_tokens for s in trace.specs)
+        lengths = tuple((s.num_prompt_tokens, s.max_tokens) for s in trace.specs)
+        knee = None
         if load is not None:
-            capacity = pool_capacity_rps_for_specs(
+            workload = EmpiricalWorkload(
+                name="trace", rate_per_s=1.0, duration_s=plan.scenario.duration_s,
+                lengths=lengths, max_tokens=cap,
+            )  # fmt: skip
+            estimate = pool_capacity_rps_for_specs(
                 plan.profile, trace.specs, plan.pool.num_containers
             )
-            scale = time_scale_for_rate(trace, load * capacity)
+            job = CapacityJob(
+                KneeProblem(plan.profile, plan.pool.num_containers, workload, plan.slo,
+                            plan.search), estimate,
+            )  # fmt: skip
+            knee = measure_capacities({"trace": job}, plan.cache_dir)["trace"]
+            scale = time_scale_for_rate(trace, load * knee.knee_rps)
             trace = load_trace(path, trace_format, replace(options, time_scale=scale))
     except (FileNotFoundError, ValueError) as error:
         fail(f"--trace: {error}")
@@ -143,29 +164,27 @@ def trace_part(
         f"Trace `{report.path}` ({report.trace_format}): {report.num_rows} rows, "
         f"{report.num_failed} failed requests skipped, {report.num_outside_window} outside the "
         f"window, {report.num_kept} replayed over {report.span_s:.0f} s "
-        f"({trace.mean_rate_per_s:.2f} req/s)."
+        f"({trace.mean_rate_per_s:.2f} req/s); every request stops at its traced output "
+        f"length and asks for max_tokens {cap}."
     )
-    workload = ReplayWorkload(name=f"trace:{path.stem}", specs=tuple(trace.specs))
-    return pool_part(plan, (workload,)), note
-
-
-def capacity_note(plan: PlanOptions) -> str:
-    capacity = scenario_capacity_rps(plan.profile, plan.pool.num_containers)
-    return (
-        f"Scenario rates are fractions of the pool's capacity, {capacity:.2f} req/s for "
-        f"{plan.pool.num_containers} containers: the rate the pool sustains with every "
-        "container at its efficient point (B0 requests decoding at l_min), each request "
-        "costing E[out] * l_min / B0 of decode plus its whole-prompt prefill and the mixing "
-        "overhead. low 0.5, medium 0.8, high 1.2 (Poisson); burst: Markov-modulated Poisson "
-        "averaging 0.8 with short bursts at 3x."
-    )
+    name = f"trace:{path.stem}"
+    specs = tuple(replace(s, max_tokens=cap, output_tokens=s.max_tokens) for s in trace.specs)
+    capacity = {name: capacity_entry(knee, trace.mean_rate_per_s)} if knee is not None else None
+    pool = plan.pool
+    if knee is not None:
+        pool = replace(pool, target_per_instance=max(1.0, knee.concurrency_per_container))
+    return pool_part(plan, (ReplayWorkload(name=name, specs=specs),), pool, None, capacity), note
 
 
 @app.command()
 def bench(
     preset: Annotated[
         str,
-        typer.Option(help="main (paper main experiment), scenarios (4 loads on the pool) or all."),
+        typer.Option(
+            help="main (the paper's main experiment on one server), scenarios (low, medium, "
+            "high, burst, kv_pressure, prefill_heavy on the pool), all (both), ablations, "
+            "goodput_curve or alpha."
+        ),
     ] = "main",
     schedulers: Annotated[
         str | None,
@@ -207,10 +226,21 @@ def bench(
     containers: Annotated[int, typer.Option(help="Containers in the simulated pool.")] = 4,
     keep_alive: Annotated[
         float, typer.Option(help="Idle seconds before a warm container goes cold.")
-    ] = 10.0,
-    initial_warm: Annotated[
-        int | None, typer.Option(help="Containers warm at time 0 (default min(2, N)).")
+    ] = 2.0,
+    initial_warm: Annotated[int, typer.Option(help="Containers warm at time 0.")] = 1,
+    cache_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="Where measured capacities are cached (default $TOKENPACE_CACHE_DIR, else "
+            "~/.cache/tokenpace)."
+        ),
     ] = None,
+    qoe_pace: Annotated[
+        float, typer.Option(help="Reading pace of the QoE score (tokens/s).")
+    ] = 10.0,
+    qoe_ttft_s: Annotated[
+        float, typer.Option(help="Expected time to first token of the QoE score (s).")
+    ] = 1.0,
     scenario_duration: Annotated[
         float, typer.Option(help="Arrival window of each scenario run (s).")
     ] = 20.0,
@@ -223,8 +253,9 @@ def bench(
         typer.Option(help="Divide arrival gaps by this (default: scale to --trace-load)."),
     ] = None,
     trace_load: Annotated[
-        float, typer.Option(help="Without --trace-speedup: mean rate as a fraction of capacity.")
-    ] = 1.0,
+        float,
+        typer.Option(help="Without --trace-speedup: mean rate as a multiple of the trace's knee."),
+    ] = 1.2,
     trace_start: Annotated[float, typer.Option(help="Window start (s after first row).")] = 0.0,
     trace_end: Annotated[float | None, typer.Option(help="Window end (s after first row).")] = None,
     trace_max_requests: Annotated[
@@ -238,11 +269,13 @@ def bench(
         ("--seeds", seeds), ("--slo-ttft-ms", slo_ttft_ms), ("--slo-tpot-ms", slo_tpot_ms),
         ("--workers", workers), ("--scenario-duration", scenario_duration),
         ("--trace-speedup", trace_speedup), ("--trace-load", trace_load),
-        ("--trace-max-requests", trace_max_requests),
+        ("--trace-max-requests", trace_max_requests), ("--qoe-pace", qoe_pace),
     ):  # fmt: skip
         require_positive(flag, value)
     if seed < 0:
         fail(f"--seed must be >= 0, got {seed}")
+    if qoe_ttft_s < 0:
+        fail(f"--qoe-ttft-s must be >= 0, got {qoe_ttft_s}")
     if preset not in PRESETS:
         fail(f"unknown preset {preset!r}; valid choices: {', '.join(PRESETS.names())}")
     if router is not None and router not in ROUTERS:
@@ -276,6 +309,9 @@ def bench(
         router=router,
         prompts=prompt_texts,
         scenario=ScenarioConfig(duration_s=scenario_duration),
+        qoe=QoeConfig(pace_tok_s=qoe_pace, expected_ttft_s=qoe_ttft_s),
+        cache_dir=cache_dir if cache_dir is not None else default_cache_dir(),
+        workers=workers,
     )
     notes: list[str] = []
     if engine != "sim":
@@ -311,9 +347,9 @@ def bench(
         parts = [part]
         notes.append(note)
     else:
+        console = Console(stderr=True)
+        console.print("measuring capacity (cached after the first run)")
         parts = PRESETS.get(preset)(plan)
-        if any(p.runner == "pool" for p in parts):
-            notes.append(capacity_note(plan))
     if any(not p.schedulers for p in parts):
         fail("no scheduler of --schedulers can run in this preset's single-server part")
     console = Console(stderr=True)

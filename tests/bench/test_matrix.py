@@ -15,6 +15,8 @@ from tokenpace.workload.main_experiment import PoissonWorkload
 RUN_KEYS = {
     "scheduler", "workload", "engine", "seed", "n_requests", "n_completed", "duration_s",
     "ttft_ms", "itl_ms", "tpot_ms", "e2e_ms", "throughput_rps", "throughput_tok_s", "goodput_rps",
+    "slo_attainment", "num_preemptions", "recomputed_tokens", "computed_tokens",
+    "cold_starts_paid", "qoe_mean",
 }  # fmt: skip
 
 
@@ -39,13 +41,16 @@ def test_results_files_and_byte_identical_reruns(
     assert a == (tmp_path / "b" / "results.json").read_bytes()
 
     document = json.loads(a)
-    assert set(document) == {"config", "runs", "summary"}
+    assert set(document) == {"config", "runs", "summary", "capacity"}
     assert len(document["runs"]) == 4
     for run in document["runs"]:
         assert set(run) >= RUN_KEYS
         assert set(run["ttft_ms"]) == {"mean", "p50", "p95", "p99"}
         assert set(run["itl_ms"]) == {"mean", "p50", "p95", "p99", "std", "cv"}
         assert run["n_completed"] == run["n_requests"]
+        assert 0 <= run["slo_attainment"] <= 1 and 0 <= run["qoe_mean"] <= 1
+        # Every token computed at least once: prompts plus all outputs but the last.
+        assert run["computed_tokens"] >= run["recomputed_tokens"]
     assert [(e["scheduler"], e["n_seeds"]) for e in document["summary"]] == [
         ("twp", 2),
         ("fcfs", 2),

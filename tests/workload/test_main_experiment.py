@@ -16,12 +16,14 @@ def test_paper_main_workload_shape() -> None:
     assert np.all(gaps >= 0) and 1 / 18 * 0.8 < gaps.mean() < 1 / 18 * 1.2
     many = PoissonWorkload(max_requests=100_000).generate(np.random.default_rng(1))
     prompts = np.array([s.num_prompt_tokens for s in many])
-    outputs = np.array([s.max_tokens for s in many])
+    outputs = np.array([s.true_output_tokens for s in many])
     assert prompts.min() >= 30 and prompts.max() <= 512
     short, medium = np.mean(prompts <= 80), np.mean((prompts >= 120) & (prompts <= 250))
     assert abs(short - 0.6) < 0.03 and abs(medium - 0.3) < 0.03
     assert set(outputs.tolist()) == {20, 50, 200}
     assert abs(np.mean(outputs == 20) - 0.5) < 0.03
+    # The client cap is loose: every request asks for the mixture's largest length.
+    assert {s.max_tokens for s in many} == {200}
 
 
 def test_same_seed_same_workload() -> None:

@@ -13,7 +13,7 @@ from tokenpace.bench.runners import RUNNERS, RunRequest
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.metrics.run_metrics import RunKey, summarize_run
 from tokenpace.metrics.slo import Slo
-from tokenpace.workload.spec import Workload
+from tokenpace.workload.spec import Workload, with_known_lengths
 
 COMPARED = {
     "itl_mean": ("itl_ms", "mean"),
@@ -42,7 +42,8 @@ def measure_fidelity(
     profile: EngineProfile, slo: Slo,
 ) -> FidelityResult:  # fmt: skip
     """Relative error = (simulated - real) / real for each compared metric."""
-    specs = workload.generate(np.random.default_rng([seed, 0]))
+    # Real engines stop requests through max_tokens: the simulator gets the same caps.
+    specs = with_known_lengths(workload.generate(np.random.default_rng([seed, 0])))
     runs = {}
     for runner in (engine, "sim"):
         output = RUNNERS.get(runner)(

@@ -8,9 +8,9 @@ the pool; their cells share one process pool and keep a fixed result order.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -18,6 +18,7 @@ import numpy as np
 from tokenpace.bench.runners import RUNNERS, RunRequest
 from tokenpace.core.request import Request
 from tokenpace.engine.profile import EngineProfile
+from tokenpace.metrics.qoe import QoeConfig
 from tokenpace.metrics.run_metrics import RunKey, summarize_run
 from tokenpace.metrics.slo import Slo
 from tokenpace.pool.config import PoolConfig
@@ -40,6 +41,9 @@ class MatrixConfig:
     pool: PoolConfig | None = None
     router: str | None = None
     per_workload_figures: bool = True
+    qoe: QoeConfig = QoeConfig()
+    # Workload name -> {"knee_rps", "ceiling_rps", "rate_rps", ...}: results.json "capacity".
+    capacity: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,8 +80,15 @@ def _run_cell(cell: CellSpec) -> CellResult:
         )
     )
     key = RunKey(cell.scheduler, cell.workload.name, part.engine, cell.seed)
-    run = summarize_run(key, output.requests, start_s=0.0, slo=part.slo)
+    run = summarize_run(key, output.requests, start_s=0.0, slo=part.slo, qoe=part.qoe)
     run.update({name: float(value) for name, value in sorted(output.counters.items())})
+    if "computed_tokens" in run:
+        computed = run["computed_tokens"]
+        run["recomputed_share"] = run["recomputed_tokens"] / computed if computed else 0.0
+    if "container_seconds" in run:
+        seconds = run["container_seconds"]
+        good = run["goodput_rps"] * run["duration_s"]
+        run["goodput_per_container_s"] = good / seconds if seconds else 0.0
     steps = {k: v for k, v in output.steps.items() if v} if cell.keep_detail else {}
     return CellResult(run, output.requests, steps)
 

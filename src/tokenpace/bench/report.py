@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-TWP_NAMES = ("twp",)
+TWP_NAMES = ("twp", "twp_slo")
 
 # (label, metric path, unit, higher is better)
 TABLE_COLUMNS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
@@ -20,12 +20,20 @@ TABLE_COLUMNS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
     ("ITL p99 (ms)", ("itl_ms", "p99"), False),
     ("ITL CV", ("itl_ms", "cv"), False),
     ("E2E p99 (ms)", ("e2e_ms", "p99"), False),
+    ("SLO attainment", ("slo_attainment",), True),
+    ("QoE mean", ("qoe_mean",), True),
+    ("Preemptions", ("num_preemptions",), False),
+    ("Recomputed tokens", ("recomputed_tokens",), False),
 )
 # Shown when the runs report them (pool runs).
 COUNTER_COLUMNS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
+    ("Recomputed share", ("recomputed_share",), False),
     ("Cold starts", ("num_cold_starts",), False),
+    ("Requests paying a cold start", ("cold_starts_paid",), False),
+    ("Their cold-start wait (ms)", ("cold_start_ttft_ms",), False),
+    ("Container-seconds", ("container_seconds",), False),
+    ("Goodput per container-second", ("goodput_per_container_s",), True),
     ("Migrations", ("num_migrations",), False),
-    ("Preemptions", ("num_preemptions",), False),
 )
 
 # The paper's main-experiment figures (Figs. 5, 6, 8), for reference only.
@@ -102,6 +110,34 @@ def twp_versus_baselines(summary: Sequence[Mapping[str, Any]], workload: str) ->
     return lines
 
 
+CAPACITY_METHOD = (
+    "Every load is relative to measured capacity. The **knee** is the highest Poisson rate at "
+    "which `vllm_default` still meets both SLOs for at least 90% of requests, measured on the "
+    "simulator with every container warm, bisecting the rate (two seeds per rate, 2% "
+    "tolerance). The **ceiling** is the pool's service rate when saturated (requests "
+    "completed per second at twice the knee), beyond which the queue grows without bound. "
+    "Pool scenarios start with one warm container and autoscale with the knee's mean "
+    "concurrency per container as target; surplus containers drain and go cold after the "
+    "keep-alive, so cold starts are paid during bursts. Requests stop at their true output "
+    "length; schedulers see only the client's `max_tokens` (the mixture's largest length)."
+)
+
+
+def capacity_table(capacity: Mapping[str, Mapping[str, float]]) -> str:
+    lines = [
+        "| Workload | Knee (req/s) | Ceiling (req/s) | Offered rate (req/s) | x knee | "
+        "Concurrency per container at knee |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, entry in capacity.items():
+        knee = entry["knee_rps"]
+        lines.append(
+            f"| {name} | {knee:.2f} | {entry['ceiling_rps']:.2f} | {entry['rate_rps']:.2f} | "
+            f"{entry['rate_rps'] / knee:.2f} | {entry.get('concurrency_per_container', 0):.1f} |"
+        )
+    return "\n".join(lines)
+
+
 def paper_comparison(summary: Sequence[Mapping[str, Any]], workload: str) -> str:
     rows = {e["scheduler"]: e for e in summary if e["workload"] == workload}
     lines = [
@@ -140,6 +176,9 @@ def render_report(
         "",
     ]
     out += [f"{note}" for note in notes]
+    capacity = document.get("capacity") or {}
+    if capacity:
+        out += ["", "## Capacity", "", CAPACITY_METHOD, "", capacity_table(capacity), ""]
     for workload in workloads:
         out += [f"## Workload `{workload}`", "", comparison_table(summary, workload), ""]
         comparison = twp_versus_baselines(summary, workload)

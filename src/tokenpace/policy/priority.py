@@ -1,4 +1,4 @@
-"""Priority: shortest prompt first (paper baseline)."""
+"""Priority: shortest prompt first, under the same bounds as vLLM's default scheduler."""
 
 from __future__ import annotations
 
@@ -10,18 +10,25 @@ from tokenpace.core.step import StepPlan, StepState
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.metrics.slo import Slo
 from tokenpace.policy.base import POLICIES, Policy
-from tokenpace.policy.fcfs import plan_in_order
+from tokenpace.policy.chunked import plan_with_budget
+from tokenpace.policy.vllm_default import VllmDefaultConfig
 
 
 class ShortestPromptFirstPolicy:
-    """Admits waiting requests in order of prompt length (ties by queue order) while their
-    prompts fit in KV memory; no concurrency bound, whole-prompt prefill, like FCFS."""
+    """The paper's Priority baseline (shortest prompt first, ties by queue order) inside
+    vLLM V1's mechanism: chunked prefill under ``max_num_batched_tokens``, at most
+    ``max_num_seqs`` running, recompute preemption (``VllmDefaultConfig``'s defaults). Its
+    order matters whenever the token budget, the request bound or KV memory binds."""
 
     name = "priority"
 
+    def __init__(self, config: VllmDefaultConfig) -> None:
+        self.config = config
+        self._bounds = config.bounds
+
     def plan(self, state: StepState) -> StepPlan:
         order = np.argsort(state.waiting.num_prompt_tokens, kind="stable")
-        return plan_in_order(state, order.tolist())
+        return plan_with_budget(state, order.tolist(), self._bounds)
 
     def telemetry(self) -> Mapping[str, float]:
         return {}
@@ -29,4 +36,4 @@ class ShortestPromptFirstPolicy:
 
 @POLICIES.register("priority")
 def _make(profile: EngineProfile, slo: Slo) -> Policy:
-    return ShortestPromptFirstPolicy()
+    return ShortestPromptFirstPolicy(VllmDefaultConfig())

@@ -14,10 +14,12 @@ class PoolConfig:
 
     num_containers: int = option(4, "Containers (one per GPU server) in the pool.")
     initial_warm: int = option(
-        2, "Containers warm at time 0 (ids 0..initial_warm-1); the rest start cold."
+        1, "Containers warm at time 0 (ids 0..initial_warm-1); the rest start cold."
     )
     keep_alive_s: float = option(
-        10.0, "Idle seconds after which a warm container with no work goes cold."
+        2.0,
+        "Idle seconds after which a warm container with no work goes cold (short, so that "
+        "containers go cold between bursts and cold starts are paid).",
     )
     initial_tier: str = option(
         "local_ssd",
@@ -36,6 +38,11 @@ class PoolConfig:
     max_instances: int = option(0, "Autoscaler ceiling; 0 means num_containers.")
     target_per_instance: float = option(
         8.0, "Autoscaler target of outstanding requests per instance (B0 by default)."
+    )
+    scale_down_window_s: float = option(
+        2.0,
+        "The autoscaler drains surplus instances only when the load of this many seconds "
+        "past no longer needs them (scale-up is immediate).",
     )
     migration_batch_threshold: int = option(
         8,
@@ -59,7 +66,9 @@ class PoolConfig:
                 f"PoolConfig.initial_tier must be one of {', '.join(TIER_ORDER[1:])}, "
                 f"got {self.initial_tier!r}"
             )
-        for name in ("host_cache_bytes", "ssd_cache_bytes", "migration_overhead_s"):
+        for name in (
+            "host_cache_bytes", "ssd_cache_bytes", "migration_overhead_s", "scale_down_window_s"
+        ):  # fmt: skip
             if getattr(self, name) < 0:
                 raise ValueError(f"PoolConfig.{name} must be >= 0, got {getattr(self, name)!r}")
         if not 0 <= self.max_instances <= self.num_containers:

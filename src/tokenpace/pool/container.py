@@ -83,6 +83,11 @@ class Container:
         self.state = ContainerState.COLD
         self.ready_at_s: float | None = None
         self.cold_starts: list[ColdStart] = []
+        # Set by the pool when the autoscaler finds this instance surplus: routers send it
+        # no new work, so it runs dry and goes cold after its keep-alive.
+        self.draining = False
+        self._active_since_s: float | None = None
+        self._lifetimes: list[tuple[float, float]] = []  # closed [start, end) intervals
         self._listener = listener
         self._keep_alive = KeepAliveTimer(kernel, keep_alive_s, self._expire)
         self._step: InFlightStep | None = None
@@ -111,6 +116,18 @@ class Container:
     def keep_alive_deadline_s(self) -> float | None:
         return self._keep_alive.deadline_s
 
+    def container_seconds(self, until_s: float) -> float:
+        """Seconds this container was loading or warm (what a serverless platform bills)
+        from the start of the run to ``until_s``."""
+        spans = list(self._lifetimes)
+        if self._active_since_s is not None:
+            spans.append((self._active_since_s, until_s))
+        return sum(max(0.0, min(end, until_s) - start) for start, end in spans)
+
+    def _activate(self, now_s: float) -> None:
+        if self._active_since_s is None:
+            self._active_since_s = now_s
+
     def checkpoint_tier(self) -> str:
         """Where this container would load its checkpoint from if it started now."""
         return self.store.locate(self.profile.name)
@@ -129,6 +146,7 @@ class Container:
     def start_warm(self, now_s: float) -> None:
         """Begin the run already warm (the checkpoint is resident) and idle."""
         self.state = ContainerState.WARM
+        self._activate(now_s)
         self._became_idle(now_s)
 
     def start_load(self, now_s: float) -> None:
@@ -139,6 +157,7 @@ class Container:
         tier = self.checkpoint_tier()
         self.ready_at_s = now_s + load_time_s(self.profile, tier)
         self.state = ContainerState.LOADING
+        self._activate(now_s)
         self.cold_starts.append(ColdStart(self.container_id, tier, now_s, self.ready_at_s))
         self.kernel.schedule(self.ready_at_s, PRIORITY_STEP_DONE, self._loaded)
 
@@ -200,6 +219,10 @@ class Container:
             # container runs out of work (re-arming now would tick forever in an idle pool).
             return
         self.state = ContainerState.COLD
+        self.draining = False
+        if self._active_since_s is not None:
+            self._lifetimes.append((self._active_since_s, now_s))
+            self._active_since_s = None
         self.store.record_unload(self.profile.name, self.profile.checkpoint_bytes)
 
     # --- migration ----------------------------------------------------------------------

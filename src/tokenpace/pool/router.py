@@ -48,21 +48,28 @@ class RoundRobinRouter:
 
 
 class LeastLoadedRouter:
-    """Warm containers first, then loading ones, then cold ones; within the first group
-    that has any, the fewest outstanding tokens, then the fewest outstanding requests, then
-    the lowest id. New work never triggers a cold start while some container is warm or
-    loading; the autoscaler adds instances."""
+    """A load balancer in front of an autoscaled pool: among the containers the autoscaler
+    keeps (warm or loading, not draining) the one that would start serving soonest, i.e.
+    the least remaining start-up plus estimated queue wait; ties: fewest outstanding tokens,
+    then requests, warm first, lowest id. A container the autoscaler has just started
+    therefore takes new work once the warm ones are busier than its remaining load time,
+    and the requests sent there pay that cold start. Cold containers are used only when no
+    container is active (the fastest to start wins)."""
 
     name = "least_loaded"
     migrates = False
 
     def route(self, request: Request, views: Sequence[ContainerView]) -> int:
+        active = [v for v in views if v.state is not ContainerState.COLD and v.accepting]
+        if not active:
+            active = [v for v in views if v.state is not ContainerState.COLD] or list(views)
         best = min(
-            views,
+            active,
             key=lambda v: (
-                _STATE_RANK[v.state],
+                v.startup_s + v.queue_wait_s,
                 v.outstanding_tokens,
                 v.num_outstanding,
+                _STATE_RANK[v.state],
                 v.container_id,
             ),
         )
@@ -73,15 +80,16 @@ class ServerlessLlmRouter:
     """ServerlessLLM's locality-aware startup scheduling: estimated time to serve on each
     container = startup (0 warm; remaining load; or load from the fastest tier holding the
     checkpoint on that server: host memory, SSD, remote) + its estimated queue wait; the
-    minimum wins (ties: fewest outstanding tokens, warm first, lowest id). Live migration
-    runs behind it."""
+    minimum wins (ties: fewest outstanding tokens, warm first, lowest id). Containers the
+    autoscaler drains are skipped while another one accepts. Live migration runs behind it."""
 
     name = "serverlessllm"
     migrates = True
 
     def route(self, request: Request, views: Sequence[ContainerView]) -> int:
+        accepting = [v for v in views if v.accepting] or list(views)
         best = min(
-            views,
+            accepting,
             key=lambda v: (
                 v.startup_s + v.queue_wait_s,
                 v.outstanding_tokens,

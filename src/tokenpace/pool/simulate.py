@@ -23,7 +23,7 @@ from tokenpace.pool.router import ROUTERS, build_router
 from tokenpace.runtime.step_loop import StepLoop, StepRecord
 from tokenpace.sim.kernel import EventKernel
 from tokenpace.sim.server import PRIORITY_ARRIVAL
-from tokenpace.workload.spec import RequestSpec, to_requests
+from tokenpace.workload.spec import RequestSpec, to_requests, true_output_lengths
 
 DEFAULT_ROUTER = "least_loaded"
 
@@ -73,6 +73,9 @@ class PoolOutcome:
     ``container_id`` (where it finished) and ``cold_start_s``. ``steps``: per container (index
     = container id) its step records (empty when not recorded). ``end_s``: when the last
     request finished (virtual seconds from the first arrival's clock origin).
+    ``container_seconds``: loading or warm time summed over containers up to ``end_s`` (the
+    serverless bill). ``num_computed_tokens``: tokens the engines computed, recompute and
+    migration re-prefill included.
     """
 
     setup: SchedulerSetup
@@ -83,6 +86,8 @@ class PoolOutcome:
     num_cancelled_migrations: int
     end_s: float
     num_events: int
+    container_seconds: float = 0.0
+    num_computed_tokens: int = 0
 
     @property
     def num_cold_starts(self) -> int:
@@ -113,6 +118,9 @@ class PoolSimulation:
     ) -> None:
         self.setup = resolve_scheduler(scheduler_name, router)
         self.kernel = EventKernel()
+        # Request id -> true output length, filled as arrivals are added; only the engines
+        # read it (they stop requests there, as a model ending on EOS).
+        self.output_lengths: dict[int, int] = {}
         self.pool = Pool(
             build_router(self.setup.router),
             Autoscaler(
@@ -122,10 +130,12 @@ class PoolSimulation:
             ),
             pool_config.migration_batch_threshold,
             pool_config.migration_overhead_s,
+            pool_config.scale_down_window_s,
         )
         self.containers = build_containers(
-            self.kernel, self.pool, self.setup.policy, profile, pool_config, rng, slo
-        )
+            self.kernel, self.pool, self.setup.policy, profile, pool_config, rng, slo,
+            self.output_lengths,
+        )  # fmt: skip
         self.pool.attach(self.containers)
         for container in self.containers[: pool_config.initial_warm]:
             container.start_warm(0.0)
@@ -135,6 +145,7 @@ class PoolSimulation:
         """Schedule the arrivals of ``specs`` (ids continue from earlier calls)."""
         first_id = len(self.requests)
         requests = to_requests(specs)
+        self.output_lengths.update(true_output_lengths(specs, first_id))
         for request in requests:
             request.request_id += first_id
             self.kernel.schedule(
@@ -157,6 +168,7 @@ class PoolSimulation:
         migrator = self.pool.migrator
         cold_starts = [s for c in self.containers for s in c.cold_starts]
         cold_starts.sort(key=lambda s: (s.start_s, s.container_id))
+        end_s = max((r.finished_s or 0.0 for r in self.requests), default=0.0)
         return PoolOutcome(
             setup=self.setup,
             requests=self.requests,
@@ -164,8 +176,10 @@ class PoolSimulation:
             cold_starts=cold_starts,
             migrations=list(migrator.records) if migrator else [],
             num_cancelled_migrations=migrator.num_cancelled if migrator else 0,
-            end_s=max((r.finished_s or 0.0 for r in self.requests), default=0.0),
+            end_s=end_s,
             num_events=self.kernel.num_events_handled,
+            container_seconds=sum(c.container_seconds(end_s) for c in self.containers),
+            num_computed_tokens=sum(c.loop.num_computed_tokens for c in self.containers),
         )
 
 
@@ -195,16 +209,18 @@ def build_containers(
     pool_config: PoolConfig,
     rng: np.random.Generator,
     slo: Slo | None = None,
+    output_lengths: dict[int, int] | None = None,
 ) -> list[Container]:
     """Cold containers with their own policy (given ``slo``), engine stream and checkpoint
-    caches (the checkpoint placed in ``pool_config.initial_tier`` on every server)."""
+    caches (the checkpoint placed in ``pool_config.initial_tier`` on every server); their
+    engines stop requests at ``output_lengths`` (shared, may grow)."""
     containers = []
     for container_id, stream in enumerate(rng.spawn(pool_config.num_containers)):
         store = CheckpointStore(pool_config.host_cache_bytes, pool_config.ssd_cache_bytes)
         store.place(profile.name, profile.checkpoint_bytes, pool_config.initial_tier)
         loop = StepLoop(
             build_policy(policy_name, profile, slo),
-            SimEngine(profile, stream),
+            SimEngine(profile, stream, output_lengths),
             record_steps=pool_config.record_steps,
         )
         containers.append(

@@ -16,7 +16,8 @@ class ContainerView:
     (uncomputed prompt/context tokens plus remaining output budget). ``startup_s``: seconds
     until it can run a step (0 warm; rest of the load when loading; load time from
     ``checkpoint_tier`` when cold). ``queue_wait_s``: estimated seconds of work already
-    queued (see ``estimate_queue_wait_s``).
+    queued (see ``estimate_queue_wait_s``). ``accepting``: False while the autoscaler
+    drains the container (a surplus instance); routers that follow the autoscaler skip it.
     """
 
     container_id: int
@@ -27,6 +28,7 @@ class ContainerView:
     startup_s: float
     queue_wait_s: float
     checkpoint_tier: str
+    accepting: bool = True
 
     @property
     def num_outstanding(self) -> int:
@@ -53,8 +55,10 @@ def view_of(container: Container, now_s: float) -> ContainerView:
     prefill = 0
     decode = 0
     for request in (*loop.running, *loop.waiting):
-        prefill += request.num_uncomputed_tokens
-        decode += request.remaining_output_tokens
+        # Inlined Request properties: this runs for every request at every arrival.
+        num_output = len(request.token_times_s)
+        prefill += request.num_prompt_tokens + num_output - request.num_computed_tokens
+        decode += request.max_tokens - num_output
     tier = container.checkpoint_tier() if container.state is ContainerState.COLD else "gpu"
     return ContainerView(
         container_id=container.container_id,
@@ -67,4 +71,5 @@ def view_of(container: Container, now_s: float) -> ContainerView:
             container.profile, prefill, decode, len(loop.waiting) + len(loop.running)
         ),
         checkpoint_tier=tier,
+        accepting=not container.draining,
     )

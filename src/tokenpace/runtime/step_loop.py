@@ -66,6 +66,8 @@ class StepLoop:
     steps: list[StepRecord] = field(default_factory=list)
     step_index: int = 0
     last_step_latency_s: float | None = None
+    # Tokens the engine computed (prefill, recompute and decode), summed over steps.
+    num_computed_tokens: int = 0
 
     @property
     def has_work(self) -> bool:
@@ -117,6 +119,7 @@ class StepLoop:
         if not chunks:
             return None
         result = self.engine.execute(chunks)
+        self.num_computed_tokens += sum(c.num_tokens for c in chunks)
         return InFlightStep(plan, chunks, result, now_s, num_preempted)
 
     def complete_step(self, step: InFlightStep, now_s: float) -> list[Request]:
@@ -203,6 +206,7 @@ class StepLoop:
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
         self.engine.free(request.request_id)
+        request.num_recomputed_tokens += request.num_computed_tokens
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         request.status = RequestStatus.WAITING

@@ -15,7 +15,7 @@ from tokenpace.policy.base import Policy
 from tokenpace.runtime.step_loop import StepLoop, StepRecord
 from tokenpace.sim.kernel import EventKernel
 from tokenpace.sim.server import PRIORITY_ARRIVAL, SimServer
-from tokenpace.workload.spec import RequestSpec, to_requests
+from tokenpace.workload.spec import RequestSpec, to_requests, true_output_lengths
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +25,7 @@ class SimOutcome:
     requests: list[Request]
     steps: list[StepRecord]
     end_s: float
+    num_computed_tokens: int = 0
 
 
 def _arrive(server: SimServer, request: Request, now_s: float) -> None:
@@ -38,10 +39,11 @@ def simulate(
     rng: np.random.Generator,
     record_steps: bool = True,
 ) -> SimOutcome:
-    """Replay ``specs`` through one server running ``policy`` on a SimEngine; returns when
-    every request has finished."""
+    """Replay ``specs`` through one server running ``policy`` on a SimEngine (which stops
+    each request at its true output length); returns when every request has finished."""
     kernel = EventKernel()
-    loop = StepLoop(policy, SimEngine(profile, rng), record_steps=record_steps)
+    engine = SimEngine(profile, rng, true_output_lengths(specs))
+    loop = StepLoop(policy, engine, record_steps=record_steps)
     server = SimServer(kernel, loop)
     requests = to_requests(specs)
     for request in requests:
@@ -50,4 +52,9 @@ def simulate(
     unfinished = [r.request_id for r in requests if not r.is_done]
     if unfinished:
         raise RuntimeError(f"{policy.name}: {len(unfinished)} requests never finished")
-    return SimOutcome(requests=requests, steps=loop.steps, end_s=kernel.now_s)
+    return SimOutcome(
+        requests=requests,
+        steps=loop.steps,
+        end_s=kernel.now_s,
+        num_computed_tokens=loop.num_computed_tokens,
+    )

@@ -37,6 +37,11 @@ class LengthMixture:
         return rng.integers(lows, highs + 1).astype(np.int64)
 
     @property
+    def largest(self) -> int:
+        """The longest length the mixture can draw."""
+        return max(high for _, high in self.ranges)
+
+    @property
     def mean(self) -> float:
         return float(
             sum(w * (lo + hi) / 2 for (lo, hi), w in zip(self.ranges, self.weights, strict=True))

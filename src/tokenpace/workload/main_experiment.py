@@ -25,7 +25,14 @@ class PoissonWorkload:
     duration_s: float = option(60.0, "Arrival window (s).")
     max_requests: int = option(250, "Cap on the number of requests.")
     prompt_lengths: LengthMixture = option(PAPER_PROMPT_LENGTHS, "Prompt token mixture.")
-    output_lengths: LengthMixture = option(PAPER_OUTPUT_LENGTHS, "Output token mixture.")
+    output_lengths: LengthMixture = option(
+        PAPER_OUTPUT_LENGTHS, "True output lengths (where each request stops on EOS)."
+    )
+    max_tokens: int | None = option(
+        None,
+        "Client max_tokens sent with every request (the only length a scheduler sees); "
+        "None: the output mixture's largest length.",
+    )
 
     def __post_init__(self) -> None:
         require_positive(self, "rate_per_s", "duration_s", "max_requests")
@@ -36,4 +43,7 @@ class PoissonWorkload:
         """Draw the request list. Prompt text, when given, is taken in rotation from a
         random start; token counts always come from the mixtures."""
         arrivals = poisson_arrivals(rng, self.rate_per_s, self.duration_s, self.max_requests)
-        return draw_specs(rng, arrivals, self.prompt_lengths, self.output_lengths, prompts)
+        return draw_specs(
+            rng, arrivals, self.prompt_lengths, self.output_lengths, prompts,
+            self.max_tokens or self.output_lengths.largest,
+        )  # fmt: skip
