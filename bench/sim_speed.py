@@ -22,7 +22,7 @@ from tokenpace.engine.profile import load_profile
 from tokenpace.pool.capacity import pool_capacity_rps_for_specs
 from tokenpace.pool.config import PoolConfig
 from tokenpace.pool.simulate import simulate_pool
-from tokenpace.workload.scenarios import SCENARIO_NAMES, scenario_workloads
+from tokenpace.workload.scenarios import PAPER_SCENARIO_NAMES, scenario_workloads
 from tokenpace.workload.traces import load_trace, time_scale_for_rate
 
 SCHEDULERS = (
@@ -49,10 +49,10 @@ class SeedResult:
 def run_seed(seed: int) -> SeedResult:
     """Every scheduler on every scenario for one seed (one worker's share)."""
     profile = load_profile(PROFILE)
-    config = PoolConfig(record_steps=True)
+    config = PoolConfig(initial_warm=2, keep_alive_s=10.0, record_steps=True)
     workloads = scenario_workloads(profile, config.num_containers)
     runs = requests = steps = cold = 0
-    for index, scenario in enumerate(SCENARIO_NAMES):
+    for index, scenario in enumerate(PAPER_SCENARIO_NAMES):
         specs = workloads[scenario].generate(np.random.default_rng([seed, index]))
         for scheduler in SCHEDULERS:
             outcome = simulate_pool(

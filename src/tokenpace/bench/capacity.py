@@ -47,7 +47,7 @@ from tokenpace.workload.spec import RequestSpec
 
 KNEE_SCHEDULER = "vllm_default"
 # Bump when the search or the simulator changes in a way that moves the knee.
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 
 
 class RateWorkload(Protocol):
@@ -76,7 +76,10 @@ class KneeSearch:
     seeds: tuple[int, ...] = option((1000, 1001), "Workload seeds pooled at each rate.")
     rel_tolerance: float = option(0.02, "Stop when the bracket is this narrow (relative).")
     ceiling_samples: int = option(4000, "Requests drawn to take the ceiling's expectations.")
-    max_doublings: int = option(12, "Give up after this many doublings of the rate.")
+    max_doublings: int = option(12, "Give up after this many steps of the rate.")
+    step_factor: float = option(
+        2.0, "The rate is multiplied or divided by this until the target is bracketed."
+    )
 
     def __post_init__(self) -> None:
         require_positive(self, "rel_tolerance", "ceiling_samples", "max_doublings")
@@ -84,13 +87,16 @@ class KneeSearch:
             raise ValueError(f"KneeSearch.attainment must be in (0, 1), got {self.attainment}")
         if not self.seeds:
             raise ValueError("KneeSearch.seeds must not be empty")
+        if not self.step_factor > 1:
+            raise ValueError(f"KneeSearch.step_factor must be > 1, got {self.step_factor}")
 
 
 @dataclass(frozen=True, slots=True)
 class Capacity:
     """A measured capacity. Rates in requests/s; ``concurrency_per_container``: the mean
     number of outstanding requests per container at the knee (Little's law: knee rate x
-    mean end-to-end latency / containers), the autoscaler's target concurrency."""
+    mean end-to-end latency / containers); for a two-stage job, the all-warm knee's, which
+    is the autoscaler's target."""
 
     knee_rps: float
     ceiling_rps: float
@@ -111,6 +117,9 @@ class KneeProblem:
     workload: RateWorkload
     slo: Slo
     search: KneeSearch = KneeSearch()
+    # The pool as deployed (cold containers, keep-alive, autoscaling); None: every
+    # container warm throughout.
+    pool: PoolConfig | None = None
 
     def cache_key(self) -> str:
         """A digest of everything that determines the answer (the workload's name and rate
@@ -125,6 +134,7 @@ class KneeProblem:
             "workload_type": type(self.workload).__name__,
             "slo": asdict(self.slo),
             "search": asdict(self.search),
+            "pool": asdict(self.pool) if self.pool else None,
         }
         text = json.dumps(document, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:24]
@@ -140,13 +150,18 @@ class RateSample:
 
 
 def evaluate_rate(problem: KneeProblem, rate_rps: float) -> RateSample:
-    """Run ``vllm_default`` on the all-warm pool at ``rate_rps`` for every search seed."""
+    """Run ``vllm_default`` on the problem's pool (all warm unless given) at ``rate_rps`` for
+    every search seed."""
     workload: Any = replace(problem.workload, rate_per_s=rate_rps)  # type: ignore[type-var]
-    pool = PoolConfig(
-        num_containers=problem.num_containers,
-        initial_warm=problem.num_containers,
-        min_instances=problem.num_containers,
-        record_steps=False,
+    pool = (
+        replace(problem.pool, num_containers=problem.num_containers, record_steps=False)
+        if problem.pool is not None
+        else PoolConfig(
+            num_containers=problem.num_containers,
+            initial_warm=problem.num_containers,
+            min_instances=problem.num_containers,
+            record_steps=False,
+        )
     )
     met = 0
     total = 0
@@ -200,12 +215,12 @@ def find_capacity(
             low = rate
             if high < math.inf:
                 break
-            rate *= 2
+            rate *= problem.search.step_factor
         else:
             high = rate
             if low > 0:
                 break
-            rate /= 2
+            rate /= problem.search.step_factor
     if high == math.inf:
         raise ValueError(f"no rate up to {rate:.3g} req/s misses the SLO target")
     if low == 0:
@@ -275,24 +290,39 @@ def cached_capacity(
 
 @dataclass(frozen=True, slots=True)
 class CapacityJob:
-    """One capacity to measure: the problem and where its search starts."""
+    """One capacity to measure: the problem and where its search starts.
+
+    With ``warm_search`` and a deployed pool, the knee takes two stages: first a coarse
+    knee with every container warm (``warm_search``), whose concurrency per container
+    becomes the autoscaler's target (``target_per_instance``, as an operator sizes a
+    Knative target from a load test); then the knee of the pool as deployed, cold starts
+    included, searched from the first knee in steps of ``search.step_factor``."""
 
     problem: KneeProblem
     initial_guess_rps: float
+    warm_search: KneeSearch | None = None
+
+
+def run_job(job: CapacityJob, cache_dir: Path | None) -> Capacity:
+    """The capacity of ``job`` (see ``CapacityJob``), through the cache."""
+    problem = job.problem
+    if job.warm_search is None or problem.pool is None:
+        return cached_capacity(problem, job.initial_guess_rps, cache_dir)
+    warm = cached_capacity(
+        replace(problem, pool=None, search=job.warm_search), job.initial_guess_rps, cache_dir
+    )
+    target = max(1.0, warm.concurrency_per_container)
+    deployed = replace(problem, pool=replace(problem.pool, target_per_instance=target))
+    found = cached_capacity(deployed, warm.knee_rps, cache_dir)
+    return replace(found, concurrency_per_container=target)
 
 
 def measure_capacities(
     jobs: Mapping[str, CapacityJob], cache_dir: Path | None, workers: int = 1
 ) -> dict[str, Capacity]:
-    """``cached_capacity`` for every job, by name; uncached ones in ``workers`` processes."""
+    """``run_job`` for every job, by name, in ``workers`` processes."""
     if workers <= 1 or len(jobs) <= 1:
-        return {
-            name: cached_capacity(job.problem, job.initial_guess_rps, cache_dir)
-            for name, job in jobs.items()
-        }
+        return {name: run_job(job, cache_dir) for name, job in jobs.items()}
     with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as executor:
-        futures = {
-            name: executor.submit(cached_capacity, job.problem, job.initial_guess_rps, cache_dir)
-            for name, job in jobs.items()
-        }
+        futures = {name: executor.submit(run_job, job, cache_dir) for name, job in jobs.items()}
         return {name: future.result() for name, future in futures.items()}

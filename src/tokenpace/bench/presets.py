@@ -32,14 +32,10 @@ from tokenpace.workload.main_experiment import PoissonWorkload
 from tokenpace.workload.scenarios import (
     KV_PRESSURE_BLOCKS,
     SCENARIO_NAMES,
-    SCENARIO_OUTPUT_LENGTHS,
-    SCENARIO_PROMPT_LENGTHS,
     ScenarioConfig,
     build_scenario,
     knee_workload,
     load_factor,
-    scenario_capacity_rps,
-    scenario_workloads,
 )
 from tokenpace.workload.spec import Workload
 
@@ -143,9 +139,13 @@ _KNEE_OF = {"low": "paper", "medium": "paper", "high": "paper", "burst": "paper"
             "kv_pressure": "kv_pressure", "prefill_heavy": "prefill_heavy"}  # fmt: skip
 
 
+# The first, all-warm stage of a pool knee only sizes the autoscaler's target: one seed, 5%.
+WARM_KNEE_SEARCH = KneeSearch(seeds=(1000,), rel_tolerance=0.05)
+
+
 def capacity_jobs(options: PlanOptions, with_main: bool, scenarios: bool) -> dict[str, CapacityJob]:
     """The knees a plan needs: ``main`` (one server, the paper's main mixtures) and one per
-    scenario mixture on the pool."""
+    scenario mixture on the pool as deployed (two stages, see ``CapacityJob``)."""
     jobs: dict[str, CapacityJob] = {}
     if with_main:
         main = PoissonWorkload()
@@ -162,9 +162,11 @@ def capacity_jobs(options: PlanOptions, with_main: bool, scenarios: bool) -> dic
             estimate = pool_capacity_rps(
                 profile, workload.prompt_lengths, workload.output_lengths, n
             )
-            jobs[knee] = CapacityJob(
-                KneeProblem(profile, n, workload, options.slo, options.search), estimate
-            )
+            problem = KneeProblem(
+                profile, n, workload, options.slo, replace(options.search, step_factor=1.25),
+                options.pool,
+            )  # fmt: skip
+            jobs[knee] = CapacityJob(problem, estimate, WARM_KNEE_SEARCH)
     return jobs
 
 
@@ -197,6 +199,11 @@ def scenario_parts(options: PlanOptions, knees: Mapping[str, Capacity]) -> list[
 def _measured(options: PlanOptions, with_main: bool, scenarios: bool) -> dict[str, Capacity]:
     jobs = capacity_jobs(options, with_main, scenarios)
     return measure_capacities(jobs, options.cache_dir, options.workers)
+
+
+def _paper_knee(options: PlanOptions) -> Capacity:
+    job = capacity_jobs(options, with_main=False, scenarios=True)["paper"]
+    return measure_capacities({"paper": job}, options.cache_dir)["paper"]
 
 
 @PRESETS.register("main")
@@ -243,21 +250,20 @@ def _ablations(options: PlanOptions) -> list[MatrixConfig]:
 
 @PRESETS.register("goodput_curve")
 def _goodput_curve(options: PlanOptions) -> list[MatrixConfig]:
-    """Poisson load from 0.3x to 1.5x of the pool's capacity (scenario length mixtures)."""
-    capacity = scenario_capacity_rps(options.profile, options.pool.num_containers)
+    """Poisson load from 0.3x to 1.5x of the pool's measured knee (the paper's scenario
+    mixtures), on the autoscaled pool of the scenarios."""
+    knee = _paper_knee(options)
     workloads = tuple(
-        PoissonWorkload(
-            name=f"load{factor:g}",
-            rate_per_s=factor * capacity,
-            duration_s=options.scenario.duration_s,
-            max_requests=100_000,
-            prompt_lengths=SCENARIO_PROMPT_LENGTHS,
-            output_lengths=SCENARIO_OUTPUT_LENGTHS,
+        replace(
+            knee_workload("high", options.scenario),
+            name=f"load{factor:g}", rate_per_s=factor * knee.knee_rps,
         )
         for factor in LOAD_CURVE_FACTORS
-    )
+    )  # fmt: skip
+    pool = replace(options.pool, target_per_instance=max(1.0, knee.concurrency_per_container))
+    entries = {w.name: capacity_entry(knee, w.rate_per_s) for w in workloads}
     part = replace(
-        pool_part(options, workloads),
+        pool_part(options, workloads, pool, capacity=entries),
         schedulers=options.schedulers or SLO_SCHEDULERS,
         per_workload_figures=False,
     )
@@ -266,18 +272,23 @@ def _goodput_curve(options: PlanOptions) -> list[MatrixConfig]:
 
 @PRESETS.register("alpha")
 def _alpha(options: PlanOptions) -> list[MatrixConfig]:
-    """Sensitivity to alpha: the high and burst scenarios with alpha x 0.4, 1 and 2."""
+    """Sensitivity to alpha: the high and burst scenarios with alpha x 0.4, 1 and 2, each at
+    its own measured knee."""
     parts = []
     for factor in ALPHA_FACTORS:
         profile = replace(options.profile, alpha_ms=options.profile.alpha_ms * factor)
-        scenarios = scenario_workloads(profile, options.pool.num_containers, options.scenario)
-        pool = replace(options.pool, initial_warm=options.pool.num_containers)
+        scaled = replace(options, profile=profile)
+        knee = _paper_knee(scaled)
+        pool = replace(options.pool, target_per_instance=max(1.0, knee.concurrency_per_container))
         workloads = tuple(
-            _renamed(scenarios[name], f"{name}@alpha{factor:g}x") for name in ("high", "burst")
+            _renamed(
+                build_scenario(name, knee.knee_rps, options.scenario), f"{name}@alpha{factor:g}x"
+            )
+            for name in ("high", "burst")
         )
         parts.append(
             replace(
-                pool_part(replace(options, profile=profile), workloads, pool),
+                pool_part(scaled, workloads, pool),
                 schedulers=options.schedulers or SLO_SCHEDULERS,
                 per_workload_figures=False,
             )

@@ -112,13 +112,16 @@ def twp_versus_baselines(summary: Sequence[Mapping[str, Any]], workload: str) ->
 
 CAPACITY_METHOD = (
     "Every load is relative to measured capacity. The **knee** is the highest Poisson rate at "
-    "which `vllm_default` still meets both SLOs for at least 90% of requests, measured on the "
-    "simulator with every container warm, bisecting the rate (two seeds per rate, 2% "
-    "tolerance). The **ceiling** is the pool's service rate when saturated (requests "
-    "completed per second at twice the knee), beyond which the queue grows without bound. "
-    "Pool scenarios start with one warm container and autoscale with the knee's mean "
-    "concurrency per container as target; surplus containers drain and go cold after the "
-    "keep-alive, so cold starts are paid during bursts. Requests stop at their true output "
+    "which `vllm_default` still meets both SLOs for at least 90% of requests over the "
+    "workload's arrival window, found on the simulator by stepping then bisecting the rate "
+    "(two seeds per rate, 2% tolerance). For the pool it is measured on the pool as deployed "
+    "(one warm container, keep-alive, autoscaling: cold starts included); the autoscaler's "
+    "target concurrency per container is the mean concurrency at a first, all-warm knee. The "
+    "main experiment's knee is one warm server's. The **ceiling** is the steady-state service "
+    "rate at the largest batch `vllm_default` holds (`max_num_seqs`, or what fits in KV), "
+    "from the latency model, beyond which the queue grows without bound; a knee measured over "
+    "a 20 s window can exceed it, because the window ends before a backlog built at that "
+    "rate breaks the TTFT objective for 10% of requests. Requests stop at their true output "
     "length; schedulers see only the client's `max_tokens` (the mixture's largest length)."
 )
 

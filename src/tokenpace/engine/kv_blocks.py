@@ -41,14 +41,17 @@ class BlockAccountant:
         return self.num_blocks_needed(request, num_new_tokens) <= self.num_free_blocks
 
     def allocate(self, request: Request, num_new_tokens: int) -> None:
-        needed = self.num_blocks_needed(request, num_new_tokens)
-        if needed > self.num_free_blocks:
+        # Inlined num_blocks_needed: this runs for every scheduled request every step.
+        held = self._held.get(request.request_id, 0)
+        needed = -(-(request.num_computed_tokens + num_new_tokens) // self.block_size) - held
+        if needed <= 0:
+            return
+        if needed > self.num_total_blocks - self._num_used:
             raise MemoryError(
                 f"request {request.request_id} needs {needed} blocks, {self.num_free_blocks} free"
             )
-        if needed:
-            self._held[request.request_id] = self._held.get(request.request_id, 0) + needed
-            self._num_used += needed
+        self._held[request.request_id] = held + needed
+        self._num_used += needed
 
     def free(self, request_id: int) -> None:
         self._num_used -= self._held.pop(request_id, 0)
@@ -73,4 +76,6 @@ class BlockAccountedEngine:
         return self._blocks.num_free_blocks
 
     def num_blocks_needed(self, request: Request, num_new_tokens: int) -> int:
-        return self._blocks.num_blocks_needed(request, num_new_tokens)
+        blocks = self._blocks
+        target = -(-(request.num_computed_tokens + num_new_tokens) // blocks.block_size)
+        return max(0, target - blocks._held.get(request.request_id, 0))

@@ -40,7 +40,7 @@ class PoolConfig:
         8.0, "Autoscaler target of outstanding requests per instance (B0 by default)."
     )
     scale_down_window_s: float = option(
-        2.0,
+        5.0,
         "The autoscaler drains surplus instances only when the load of this many seconds "
         "past no longer needs them (scale-up is immediate).",
     )

@@ -126,16 +126,18 @@ class StepLoop:
         """Deliver tokens at ``now_s``; return the requests that finished in this step."""
         result = step.result
         done: list[Request] = []
+        stopped = result.stopped_ids
+        sampled = result.sampled_token_ids
         for chunk in step.chunks:
             request = chunk.request
-            token = result.sampled_token_ids.get(request.request_id)
+            token = sampled.get(request.request_id)
             if token is not None:
                 request.output_token_ids.append(token)
                 request.token_times_s.append(now_s)
-            if request.num_output_tokens >= request.max_tokens:
+            if len(request.token_times_s) >= request.max_tokens:
                 self._finish(request, now_s, FinishReason.LENGTH)
                 done.append(request)
-            elif request.request_id in result.stopped_ids:
+            elif request.request_id in stopped:
                 self._finish(request, now_s, FinishReason.STOP)
                 done.append(request)
         if done:
