@@ -1,7 +1,18 @@
-"""Time TWP's per-step decision with 10,000 waiting and 256 running requests.
+"""Time TWP's and twp_slo's per-step decision with 10,000 waiting requests.
 
-Prints one JSON object on its last line: waiting, running, decision_us_p50, l_min_ms and
-ratio = decision time / l_min (the share of a decode step the decision costs).
+Two snapshots, both with 10,000 waiting requests:
+
+- ``full``: 256 running requests with most of their output budget left, so the token window
+  (twp) and the request window (twp_slo) are full and the gate admits nobody: the common
+  step under overload, and the state the decision-cost target is set for.
+- ``open``: 4 running requests near their end, so the gate is open and the policy must find
+  the best-ranked candidates among the 10,000 and admit some of them.
+
+Each policy plans each snapshot ``--repeats`` times, interleaved so that machine noise falls
+on all of them alike. Prints one JSON object on its last line: per policy and snapshot the
+decision time p50/p99 (us) and the number admitted; the top-level ``decision_us_p50``,
+``decision_us_p99`` and ``ratio`` (= p50 / l_min, the share of a decode step the decision
+costs) are twp's on the ``full`` snapshot.
 """
 
 from __future__ import annotations
@@ -16,11 +27,17 @@ from tokenpace.core.queue import WaitingQueue
 from tokenpace.core.request import Request, RequestStatus
 from tokenpace.core.step import StepState
 from tokenpace.engine.profile import load_profile
-from tokenpace.policy.twp.config import TwpConfig
-from tokenpace.policy.twp.policy import TwpPolicy
+from tokenpace.metrics.slo import Slo
+from tokenpace.policy.base import Policy, build_policy
+
+POLICY_NAMES = ("twp", "twp_slo")
 
 
-def build_state(num_waiting: int, num_running: int, rng: np.random.Generator) -> StepState:
+def build_state(
+    num_waiting: int, num_running: int, rng: np.random.Generator, *, nearly_done: bool = False
+) -> StepState:
+    """``num_waiting`` queued requests (prompt 30-512 tokens, max_tokens 20/50/200) and
+    ``num_running`` decoding ones; ``nearly_done`` leaves each running request 1-10 tokens."""
     queue = WaitingQueue()
     for i in range(num_waiting):
         r = Request(i, int(rng.integers(30, 513)), int(rng.choice([20, 50, 200])), i * 1e-3)
@@ -30,8 +47,9 @@ def build_state(num_waiting: int, num_running: int, rng: np.random.Generator) ->
     for j in range(num_running):
         r = Request(num_waiting + j, int(rng.integers(30, 513)), 200, 0.0)
         r.status = RequestStatus.RUNNING
-        r.token_times_s = [0.0] * int(rng.integers(1, 150))
-        r.output_token_ids = [0] * len(r.token_times_s)
+        produced = int(rng.integers(190, 200)) if nearly_done else int(rng.integers(1, 150))
+        r.token_times_s = [0.0] * produced
+        r.output_token_ids = [0] * produced
         r.num_computed_tokens = r.num_tokens - 1
         active.append(r)
     # Late enough that waits are long, early enough that nobody hits T_max (the common case).
@@ -45,28 +63,49 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--waiting", type=int, default=10_000)
     parser.add_argument("--running", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=300)
+    parser.add_argument("--repeats", type=int, default=1000)
     parser.add_argument("--profile", default="v100-llama-3.2-3b")
     args = parser.parse_args()
     profile = load_profile(args.profile)
-    state = build_state(args.waiting, args.running, np.random.default_rng(0))
-    policy = TwpPolicy(TwpConfig.from_profile(profile))
-    samples = []
+    rng = np.random.default_rng(0)
+    states = {
+        "full": build_state(args.waiting, args.running, rng),
+        "open": build_state(args.waiting, 4, rng, nearly_done=True),
+    }
+    cases: dict[tuple[str, str], tuple[Policy, StepState]] = {
+        (name, label): (build_policy(name, profile, Slo()), snapshot)
+        for name in POLICY_NAMES
+        for label, snapshot in states.items()
+    }
+    samples: dict[tuple[str, str], list[float]] = {key: [] for key in cases}
+    admitted: dict[tuple[str, str], int] = {}
     for _ in range(args.repeats):
-        start = time.perf_counter()
-        policy.plan(state)
-        samples.append(time.perf_counter() - start)
-    p50_us = float(np.percentile(samples, 50)) * 1e6
-    print(f"TWP decision: p50 {p50_us:.0f} us, p99 {np.percentile(samples, 99) * 1e6:.0f} us")
-    result = {
+        for key, (policy, snapshot) in cases.items():
+            start = time.perf_counter()
+            plan = policy.plan(snapshot)
+            samples[key].append(time.perf_counter() - start)
+            admitted[key] = len(plan.admit_ids)
+    results: dict[str, dict[str, dict[str, float]]] = {name: {} for name in POLICY_NAMES}
+    for (name, label), times in samples.items():
+        p50, p99 = (float(np.percentile(times, q)) * 1e6 for q in (50, 99))
+        results[name][label] = {
+            "decision_us_p50": round(p50, 1),
+            "decision_us_p99": round(p99, 1),
+            "num_admitted": admitted[(name, label)],
+        }
+        print(f"{name:8s} {label:5s} p50 {p50:7.0f} us  p99 {p99:7.0f} us  "
+              f"admits {admitted[(name, label)]}")  # fmt: skip
+    twp = results["twp"]["full"]
+    summary = {
         "waiting": args.waiting,
         "running": args.running,
-        "decision_us_p50": round(p50_us, 1),
-        "decision_us_p99": round(float(np.percentile(samples, 99)) * 1e6, 1),
+        "decision_us_p50": twp["decision_us_p50"],
+        "decision_us_p99": twp["decision_us_p99"],
         "l_min_ms": profile.l_min_ms,
-        "ratio": round(p50_us / 1000 / profile.l_min_ms, 5),
+        "ratio": round(twp["decision_us_p50"] / 1000 / profile.l_min_ms, 5),
+        "policies": results,
     }
-    print(json.dumps(result))
+    print(json.dumps(summary))
 
 
 if __name__ == "__main__":
