@@ -22,6 +22,7 @@ from tokenpace.core.step import StepPlan, StepState
 from tokenpace.engine.profile import load_profile
 from tokenpace.metrics.slo import Slo
 from tokenpace.policy.twp_slo.config import TwpSloConfig
+from tokenpace.policy.twp_slo.deadline import deadline_order
 from tokenpace.policy.twp_slo.policy import ABLATIONS, TwpSloPolicy
 
 
@@ -132,7 +133,7 @@ class ReferenceTwpSlo(TwpSloPolicy):
 @given(
     steps=st.lists(snapshots(), min_size=1, max_size=3),
     ablation=st.sampled_from(sorted(ABLATIONS)),
-    ttft_ms=st.sampled_from([500.0, 2000.0, 20_000.0]),
+    ttft_ms=st.sampled_from([500.0, 2000.0, 20_000.0, 1e12, 1e14]),
     max_wait_steps=st.sampled_from([100, 600]),
 )
 def test_twp_slo_plans_like_the_full_sort(
@@ -163,3 +164,40 @@ def test_one_token_of_budget_left_still_admits() -> None:
         plan = policy.plan(state([request(0, prompt=40)], [prefilling], now_s=0.5))
         assert plan.admit_ids == (0,)
         assert plan.num_scheduled_tokens == {100: budget - 1, 0: 1}
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    snapshot=snapshots(max_waiting=120),
+    ttft_s=st.sampled_from([0.0, 0.5, 2.0, 3.0, 1e9, 1e11, 1e13]),
+    step_s=st.sampled_from([0.0, 0.08, 1.0]),
+    per_step=st.sampled_from([0.5, 16.0, 64.0, 2048.0]),
+    data=st.data(),
+)
+def test_deadline_order_is_the_stable_sort_of_every_key(
+    snapshot: Snapshot, ttft_s: float, step_s: float, per_step: float, data: st.DataObject
+) -> None:
+    state = build(snapshot)
+    waiting = state.waiting
+    n = len(waiting)
+    excluded = sorted(data.draw(st.sets(st.integers(0, max(0, n - 1)), max_size=n // 2)))
+    # Arrivals after now_s too (clock skew), so some slack exceeds the objective.
+    now_s = state.now_s - data.draw(st.sampled_from([0.0, 2.5, 1e12]))
+    keys = reference_keys(waiting, now_s, ttft_s, step_s, per_step) if n else np.empty(0)
+    want = [int(i) for i in np.argsort(-keys, kind="stable") if i not in set(excluded)]
+    got = deadline_order(
+        waiting, now_s, ttft_s, step_s, per_step, np.array(excluded, dtype=np.intp)
+    )
+    assert [r.request_id for r in got] == [waiting[i].request_id for i in want]
+
+
+def test_a_key_below_the_infeasible_ones_falls_back_to_the_full_sort() -> None:
+    # Request 1 "arrives" 2e12 s after now: its slack exceeds 1e12, so its key is negative
+    # and ranks below request 0, which waited past the objective (key -0).
+    late = request(0, arrival_s=0.0)
+    future = request(1, arrival_s=2e12)
+    waiting = state([late, future]).waiting
+    got = deadline_order(waiting, 100.0, 2.0, 0.08, 64.0, np.empty(0, dtype=np.intp))
+    assert [r.request_id for r in got] == [0, 1]
+    keys = reference_keys(waiting, 100.0, 2.0, 0.08, 64.0)
+    assert keys[1] < keys[0]

@@ -174,15 +174,22 @@ def best_first(
     waiting: WaitingQueue, scores: npt.NDArray[np.float64], count: int, scan_limit: int
 ) -> Iterator[Request]:
     """Yield the ``count`` best-scored waiting requests, best first, equal scores in queue
-    order. A gate usually closes after a few candidates, so up to ``scan_limit`` come from
-    repeated argmax (first index among equals) instead of sorting the whole queue."""
+    order (see ``best_positions``)."""
+    for position in best_positions(scores, count, scan_limit):
+        yield waiting[position]
+
+
+def best_positions(scores: npt.NDArray[np.float64], count: int, scan_limit: int) -> Iterator[int]:
+    """Indices of the ``count`` best scores, best first, equal scores lowest index first. A
+    gate usually closes after a few candidates, so up to ``scan_limit`` come from repeated
+    argmax (first index among equals) instead of sorting them all."""
     remaining = scores.copy()
     for _ in range(min(count, scan_limit)):
         best = int(np.argmax(remaining))
         remaining[best] = -np.inf
-        yield waiting[best]
+        yield best
     if count > scan_limit:
-        yield from waiting.request_at(order_by_score(scores, count)[scan_limit:count])
+        yield from (int(i) for i in order_by_score(scores, count)[scan_limit:count])
 
 
 def order_by_score(scores: npt.NDArray[np.float64], limit: int) -> npt.NDArray[np.intp]:

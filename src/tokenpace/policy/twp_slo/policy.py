@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -17,12 +17,10 @@ from tokenpace.engine.profile import EngineProfile
 from tokenpace.metrics.slo import Slo
 from tokenpace.policy.base import POLICIES, Policy
 from tokenpace.policy.twp.kv_guard import KvHeadroomGuard
-from tokenpace.policy.twp.ranking import best_first, rank, starving_positions
+from tokenpace.policy.twp.ranking import ranked, starving_positions
 from tokenpace.policy.twp_slo.config import TwpSloConfig
-from tokenpace.policy.twp_slo.deadline import deadline_keys
+from tokenpace.policy.twp_slo.deadline import deadline_order
 from tokenpace.policy.twp_slo.window import RequestWindow
-
-_SCAN_LIMIT = 256
 
 
 class TwpSloPolicy:
@@ -113,10 +111,8 @@ class TwpSloPolicy:
                 and self.kv_guard.admits(free, state.blocks_for(_smallest_job(waiting)))
             )
             if may_admit:
-                keys = self._keys(state, budget)
-                keys[forced_positions] = -np.inf
-                num_candidates = len(waiting) - len(forced_positions)
-                for request in best_first(waiting, keys, num_candidates, _SCAN_LIMIT):
+                candidates = self._candidates(state, budget, forced_positions)
+                for request in candidates:
                     footprint = state.blocks_for(request.num_prompt_tokens + request.max_tokens)
                     has_room = len(state.running) + len(admitted) < capacity
                     has_budget = budget_left > 0 or not cfg.use_prefill_budget
@@ -174,13 +170,17 @@ class TwpSloPolicy:
             left -= tokens
         return left
 
-    def _keys(self, state: StepState, budget: int) -> npt.NDArray[np.float64]:
+    def _candidates(
+        self, state: StepState, budget: int, excluded: npt.NDArray[np.intp]
+    ) -> Iterator[Request]:
+        """Waiting requests but ``excluded`` in rank order: TTFT-feasible ones by least slack
+        then the rest in queue order (deadline ranking), or TWP's score order."""
         cfg = self.config
         if cfg.use_deadline_ranking:
             per_step = budget if cfg.use_prefill_budget else cfg.min_prefill_tokens
-            return deadline_keys(
+            return deadline_order(
                 state.waiting, state.now_s, cfg.ttft_slo_ms / 1000, cfg.itl_target_ms / 1000,
-                per_step,
+                per_step, excluded,
             )  # fmt: skip
         running = state.running
         mean_remaining = (
@@ -188,7 +188,9 @@ class TwpSloPolicy:
             if running
             else 0.0
         )
-        return rank(state.waiting, state.now_s, state.step_index, mean_remaining, cfg.base).scores
+        return ranked(
+            state.waiting, state.now_s, state.step_index, mean_remaining, cfg.base, excluded
+        )
 
     def telemetry(self) -> Mapping[str, float]:
         return {
