@@ -25,6 +25,11 @@ class TwpPolicy:
     exempt from both guards, needing only physical KV room), then scan the ranking through
     the gate, which closes at the first failure; (5) chunked prefill: every request still
     prefilling computes up to C tokens this step; (6) decoding requests compute one token.
+
+    Cost with a long queue: when no waiting request could pass the gate (the window is full,
+    the usual step under overload) the ranking is skipped, and otherwise ``ranked`` scores
+    only the requests that can still be next. Both give exactly the decisions of scoring and
+    sorting the whole queue (``bench/scheduler_overhead.py`` times it).
     """
 
     name = "twp"
@@ -43,8 +48,17 @@ class TwpPolicy:
         self.kv_guard.update(num_used, state.num_total_blocks)
         window = self.window.update(state.last_step_latency_s, len(state.waiting))
 
-        remaining = [r.max_tokens - len(r.token_times_s) for r in state.running]
-        token_load = float(sum(remaining))
+        # One pass over the running requests: the token load K_t and their tokens this step
+        # (schedule_tokens inlined: this runs for every running request every step).
+        scheduled: dict[int, int] = {}
+        load = 0
+        chunk = cfg.chunk_tokens
+        for r in state.running:
+            num_output = len(r.token_times_s)
+            load += r.max_tokens - num_output
+            uncomputed = r.num_prompt_tokens + num_output - r.num_computed_tokens
+            scheduled[r.request_id] = uncomputed if uncomputed <= 1 else min(uncomputed, chunk)
+        token_load = float(load)
         outcome = GateOutcome(token_load=token_load, num_free_blocks=state.num_free_blocks)
         forced_ids: list[int] = []
         waiting = state.waiting
@@ -64,7 +78,7 @@ class TwpPolicy:
             if len(forced) < len(waiting) and may_admit_any(
                 waiting, outcome, window, self.kv_guard, state.block_size
             ):
-                mean_remaining = token_load / len(remaining) if remaining else 0.0
+                mean_remaining = token_load / len(state.running) if state.running else 0.0
                 candidates = ranked(
                     waiting, state.now_s, state.step_index, mean_remaining, cfg, forced
                 )
@@ -72,7 +86,7 @@ class TwpPolicy:
         self._token_load = outcome.token_load
         self._num_forced = len(forced_ids)
         # (5)-(6) chunked prefill and decode.
-        scheduled = schedule_tokens([*state.running, *outcome.admitted], cfg.chunk_tokens)
+        scheduled.update(schedule_tokens(outcome.admitted, chunk))
         return StepPlan(
             admit_ids=tuple(r.request_id for r in outcome.admitted),
             num_scheduled_tokens=scheduled,

@@ -161,8 +161,8 @@ def ranked(
         bound[taken] = -np.inf
         num_left -= len(taken)
         yield from waiting.request_at(taken)
-        # Lower the floor by a growing step, so that a long scan takes few rounds, but never
-        # below the best score left unyielded plus nothing: a round always yields.
+        # Lower the floor by a growing step, so that a long scan takes few rounds; if no bound
+        # reaches it, raise it to the exact score of the best bound, so the next round yields.
         step *= 4
         floor -= step
         head = int(np.argmax(bound))

@@ -33,6 +33,11 @@ class TwpSloPolicy:
     prefill budget remains, closing at the first failure; (5) spend the step's prefill budget
     (ITL headroom below the target over the per-token prefill cost, within [min, max]) on
     prefilling requests in admission order; (6) one token per decoding request.
+
+    Cost with a long queue: when the window is full, the budget spent or the smallest
+    request fails the KV guard, nobody can be admitted and the ranking is skipped; otherwise
+    only requests that can still meet the TTFT objective are keyed (``deadline_order``).
+    Both give exactly the decisions of keying and sorting the whole queue.
     """
 
     def __init__(self, config: TwpSloConfig, profile: EngineProfile, name: str = "twp_slo") -> None:
