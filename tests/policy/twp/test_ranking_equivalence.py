@@ -63,7 +63,8 @@ class ReferenceTwp(TwpPolicy):
                 outcome.token_load += request.remaining_output_tokens
                 outcome.num_free_blocks -= need
                 forced_ids.append(request.request_id)
-            order = [int(i) for i in np.argsort(-scores, kind="stable") if i not in set(forced)]
+            skip = set(forced.tolist())
+            order = [int(i) for i in np.argsort(-scores, kind="stable") if i not in skip]
             run_gate(waiting.request_at(order), outcome, window, self.kv_guard, state.block_size)
         self._token_load = outcome.token_load
         self._num_forced = len(forced_ids)
@@ -117,7 +118,8 @@ def test_ranked_yields_the_stable_sort_of_every_score(
         if n
         else np.empty(0)
     )
-    want = [int(i) for i in np.argsort(-scores, kind="stable") if i not in set(excluded.tolist())]
+    skip = set(excluded.tolist())
+    want = [int(i) for i in np.argsort(-scores, kind="stable") if i not in skip]
     with mock.patch.object(ranking, "_MAX_CONTENDER_SHARE", share):
         got = ranking.ranked(waiting, state.now_s, state.step_index, mean_remaining, cfg, excluded)
         assert [r.request_id for r in got] == [waiting[i].request_id for i in want]

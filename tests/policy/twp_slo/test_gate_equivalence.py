@@ -73,11 +73,8 @@ class ReferenceTwpSlo(TwpSloPolicy):
                 )
                 budget_left = max(0, budget_left - scheduled[request.request_id])
             keys = self._reference_keys(state, budget)
-            order = [
-                int(i)
-                for i in np.argsort(-keys, kind="stable")
-                if i not in set(forced_positions.tolist())
-            ]
+            skip = set(forced_positions.tolist())
+            order = [int(i) for i in np.argsort(-keys, kind="stable") if i not in skip]
             for request in waiting.request_at(order):
                 footprint = state.blocks_for(request.num_prompt_tokens + request.max_tokens)
                 has_room = len(state.running) + len(admitted) < capacity
@@ -184,7 +181,8 @@ def test_deadline_order_is_the_stable_sort_of_every_key(
     # Arrivals after now_s too (clock skew), so some slack exceeds the objective.
     now_s = state.now_s - data.draw(st.sampled_from([0.0, 2.5, 1e12]))
     keys = reference_keys(waiting, now_s, ttft_s, step_s, per_step) if n else np.empty(0)
-    want = [int(i) for i in np.argsort(-keys, kind="stable") if i not in set(excluded)]
+    skip = set(excluded)
+    want = [int(i) for i in np.argsort(-keys, kind="stable") if i not in skip]
     got = deadline_order(
         waiting, now_s, ttft_s, step_s, per_step, np.array(excluded, dtype=np.intp)
     )
