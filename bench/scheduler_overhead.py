@@ -1,13 +1,28 @@
-"""Time TWP's per-step decision with 10,000 waiting and 256 running requests.
+"""Time TWP's and twp_slo's per-step decision with 10,000 waiting requests.
 
-Prints one JSON object on its last line: waiting, running, decision_us_p50, l_min_ms and
-ratio = decision time / l_min (the share of a decode step the decision costs).
+Two snapshots, both with 10,000 waiting requests:
+
+- ``full``: 256 running requests with most of their output budget left, so the token window
+  (twp) and the request window (twp_slo) are full and the gate admits nobody: the common
+  step under overload, and the state the decision-cost target is set for.
+- ``open``: 4 running requests near their end, so the gate is open and the policy must find
+  the best-ranked candidates among the 10,000 and admit some of them.
+
+Each policy plans each snapshot ``--repeats`` times, interleaved so that machine noise falls
+on all of them alike. Each call is timed twice: wall clock (``decision_us_*``, what a step
+waits) and the thread's CPU time (``cpu_us_*``, the decision's own work: on a machine shared
+with other busy processes the wall-clock tail mostly measures the time the process sat
+descheduled, and ``load_avg_1min`` says how busy the machine was). Prints one JSON object on
+its last line: per policy and snapshot the p50/p99 (us) of both and the number admitted; the
+top-level ``decision_us_p50``, ``decision_us_p99`` and ``ratio`` (= p50 / l_min, the share
+of a decode step the decision costs) are twp's on the ``full`` snapshot.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 import numpy as np
@@ -16,11 +31,17 @@ from tokenpace.core.queue import WaitingQueue
 from tokenpace.core.request import Request, RequestStatus
 from tokenpace.core.step import StepState
 from tokenpace.engine.profile import load_profile
-from tokenpace.policy.twp.config import TwpConfig
-from tokenpace.policy.twp.policy import TwpPolicy
+from tokenpace.metrics.slo import Slo
+from tokenpace.policy.base import Policy, build_policy
+
+POLICY_NAMES = ("twp", "twp_slo")
 
 
-def build_state(num_waiting: int, num_running: int, rng: np.random.Generator) -> StepState:
+def build_state(
+    num_waiting: int, num_running: int, rng: np.random.Generator, *, nearly_done: bool = False
+) -> StepState:
+    """``num_waiting`` queued requests (prompt 30-512 tokens, max_tokens 20/50/200) and
+    ``num_running`` decoding ones; ``nearly_done`` leaves each running request 1-10 tokens."""
     queue = WaitingQueue()
     for i in range(num_waiting):
         r = Request(i, int(rng.integers(30, 513)), int(rng.choice([20, 50, 200])), i * 1e-3)
@@ -30,8 +51,9 @@ def build_state(num_waiting: int, num_running: int, rng: np.random.Generator) ->
     for j in range(num_running):
         r = Request(num_waiting + j, int(rng.integers(30, 513)), 200, 0.0)
         r.status = RequestStatus.RUNNING
-        r.token_times_s = [0.0] * int(rng.integers(1, 150))
-        r.output_token_ids = [0] * len(r.token_times_s)
+        produced = int(rng.integers(190, 200)) if nearly_done else int(rng.integers(1, 150))
+        r.token_times_s = [0.0] * produced
+        r.output_token_ids = [0] * produced
         r.num_computed_tokens = r.num_tokens - 1
         active.append(r)
     # Late enough that waits are long, early enough that nobody hits T_max (the common case).
@@ -45,28 +67,57 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--waiting", type=int, default=10_000)
     parser.add_argument("--running", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=300)
+    parser.add_argument("--repeats", type=int, default=1000)
     parser.add_argument("--profile", default="v100-llama-3.2-3b")
     args = parser.parse_args()
     profile = load_profile(args.profile)
-    state = build_state(args.waiting, args.running, np.random.default_rng(0))
-    policy = TwpPolicy(TwpConfig.from_profile(profile))
-    samples = []
+    rng = np.random.default_rng(0)
+    states = {
+        "full": build_state(args.waiting, args.running, rng),
+        "open": build_state(args.waiting, 4, rng, nearly_done=True),
+    }
+    cases: dict[tuple[str, str], tuple[Policy, StepState]] = {
+        (name, label): (build_policy(name, profile, Slo()), snapshot)
+        for name in POLICY_NAMES
+        for label, snapshot in states.items()
+    }
+    wall: dict[tuple[str, str], list[float]] = {key: [] for key in cases}
+    cpu: dict[tuple[str, str], list[float]] = {key: [] for key in cases}
+    admitted: dict[tuple[str, str], int] = {}
     for _ in range(args.repeats):
-        start = time.perf_counter()
-        policy.plan(state)
-        samples.append(time.perf_counter() - start)
-    p50_us = float(np.percentile(samples, 50)) * 1e6
-    print(f"TWP decision: p50 {p50_us:.0f} us, p99 {np.percentile(samples, 99) * 1e6:.0f} us")
-    result = {
+        for key, (policy, snapshot) in cases.items():
+            start, start_cpu = time.perf_counter(), time.thread_time()
+            plan = policy.plan(snapshot)
+            cpu[key].append(time.thread_time() - start_cpu)
+            wall[key].append(time.perf_counter() - start)
+            admitted[key] = len(plan.admit_ids)
+    results: dict[str, dict[str, dict[str, float]]] = {name: {} for name in POLICY_NAMES}
+    for (name, label), times in wall.items():
+        p50, p99 = (float(np.percentile(times, q)) * 1e6 for q in (50, 99))
+        cpu50, cpu99 = (float(np.percentile(cpu[(name, label)], q)) * 1e6 for q in (50, 99))
+        results[name][label] = {
+            "decision_us_p50": round(p50, 1),
+            "decision_us_p99": round(p99, 1),
+            "cpu_us_p50": round(cpu50, 1),
+            "cpu_us_p99": round(cpu99, 1),
+            "num_admitted": admitted[(name, label)],
+        }
+        print(f"{name:8s} {label:5s} wall p50 {p50:6.0f} us p99 {p99:6.0f} us | "
+              f"cpu p50 {cpu50:6.0f} us p99 {cpu99:6.0f} us | "
+              f"admits {admitted[(name, label)]}")  # fmt: skip
+    twp = results["twp"]["full"]
+    summary = {
         "waiting": args.waiting,
         "running": args.running,
-        "decision_us_p50": round(p50_us, 1),
-        "decision_us_p99": round(float(np.percentile(samples, 99)) * 1e6, 1),
+        "decision_us_p50": twp["decision_us_p50"],
+        "decision_us_p99": twp["decision_us_p99"],
         "l_min_ms": profile.l_min_ms,
-        "ratio": round(p50_us / 1000 / profile.l_min_ms, 5),
+        "ratio": round(twp["decision_us_p50"] / 1000 / profile.l_min_ms, 5),
+        "load_avg_1min": os.getloadavg()[0],
+        "num_cpus": os.cpu_count(),
+        "policies": results,
     }
-    print(json.dumps(result))
+    print(json.dumps(summary))
 
 
 if __name__ == "__main__":

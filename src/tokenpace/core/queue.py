@@ -30,6 +30,7 @@ class WaitingQueue:
         self._prompt = np.zeros(_INITIAL_CAPACITY, dtype=np.int64)
         self._max_tokens = np.zeros(_INITIAL_CAPACITY, dtype=np.int64)
         self._enqueued_step = np.zeros(_INITIAL_CAPACITY, dtype=np.int64)
+        self._remaining = np.zeros(_INITIAL_CAPACITY, dtype=np.int64)
 
     def __len__(self) -> int:
         return self._size
@@ -63,6 +64,13 @@ class WaitingQueue:
     @property
     def enqueued_step(self) -> npt.NDArray[np.int64]:
         return self._enqueued_step[: self._size]
+
+    @property
+    def remaining_output_tokens(self) -> npt.NDArray[np.int64]:
+        """Output budget left (max_tokens minus tokens already streamed, which only a
+        preempted request has), read when the request entered the queue: nothing computes
+        for a waiting request, so it cannot change while the request waits."""
+        return self._remaining[: self._size]
 
     def request_at(self, positions: Iterable[int]) -> list[Request]:
         return [self._requests[int(i)] for i in positions]
@@ -113,6 +121,7 @@ class WaitingQueue:
             self._prompt,
             self._max_tokens,
             self._enqueued_step,
+            self._remaining,
         )
 
     def _write(self, index: int, request: Request) -> None:
@@ -122,6 +131,7 @@ class WaitingQueue:
         self._prompt[index] = request.num_prompt_tokens
         self._max_tokens[index] = request.max_tokens
         self._enqueued_step[index] = request.enqueued_step
+        self._remaining[index] = request.remaining_output_tokens
 
     def _grow_if_full(self) -> None:
         if self._size + 1 < len(self._ids):
@@ -133,6 +143,7 @@ class WaitingQueue:
         self._prompt = _resized(self._prompt, capacity)
         self._max_tokens = _resized(self._max_tokens, capacity)
         self._enqueued_step = _resized(self._enqueued_step, capacity)
+        self._remaining = _resized(self._remaining, capacity)
 
 
 def _resized(array: npt.NDArray[_A], capacity: int) -> npt.NDArray[_A]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from tokenpace.core.queue import WaitingQueue
 from tokenpace.core.request import Request
 from tokenpace.policy.twp.kv_guard import KvHeadroomGuard
 
@@ -47,3 +48,24 @@ def run_gate(
         outcome.token_load += remaining
         outcome.num_free_blocks -= -(-request.num_tokens // block_size)
     return outcome
+
+
+def may_admit_any(
+    waiting: WaitingQueue,
+    outcome: GateOutcome,
+    window: float,
+    guard: KvHeadroomGuard,
+    block_size: int,
+) -> bool:
+    """False when no waiting request would pass the gate as the next candidate, so the gate
+    would close at the first one whatever the ranking: the smallest output budget left must
+    fit the window (unless the liveness rule lets the head through) and the smallest KV
+    footprint must pass the guard. Both tests are monotone in the request's figures, so the
+    queue's minima decide them exactly."""
+    if not len(waiting):
+        return False
+    idle = outcome.token_load == 0 and not outcome.admitted
+    if not idle and outcome.token_load + int(waiting.remaining_output_tokens.min()) > window:
+        return False
+    smallest = int((waiting.num_prompt_tokens + waiting.max_tokens).min())
+    return guard.admits(outcome.num_free_blocks, -(-smallest // block_size))

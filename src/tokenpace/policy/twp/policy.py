@@ -4,21 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import numpy as np
-
 from tokenpace.core.step import StepPlan, StepState
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.metrics.slo import Slo
 from tokenpace.policy.base import POLICIES, Policy
 from tokenpace.policy.common import schedule_tokens
 from tokenpace.policy.twp.config import TwpConfig
-from tokenpace.policy.twp.gate import GateOutcome, run_gate
+from tokenpace.policy.twp.gate import GateOutcome, may_admit_any, run_gate
 from tokenpace.policy.twp.kv_guard import KvHeadroomGuard
-from tokenpace.policy.twp.ranking import best_first, rank
+from tokenpace.policy.twp.ranking import ranked, starving_positions
 from tokenpace.policy.twp.window import WindowController
-
-# Candidates taken one argmax at a time before falling back to a full sort.
-_SCAN_BATCH = 64
 
 
 class TwpPolicy:
@@ -30,6 +25,11 @@ class TwpPolicy:
     exempt from both guards, needing only physical KV room), then scan the ranking through
     the gate, which closes at the first failure; (5) chunked prefill: every request still
     prefilling computes up to C tokens this step; (6) decoding requests compute one token.
+
+    Cost with a long queue: when no waiting request could pass the gate (the window is full,
+    the usual step under overload) the ranking is skipped, and otherwise ``ranked`` scores
+    only the requests that can still be next. Both give exactly the decisions of scoring and
+    sorting the whole queue (``bench/scheduler_overhead.py`` times it).
     """
 
     name = "twp"
@@ -48,17 +48,24 @@ class TwpPolicy:
         self.kv_guard.update(num_used, state.num_total_blocks)
         window = self.window.update(state.last_step_latency_s, len(state.waiting))
 
-        remaining = [r.max_tokens - len(r.token_times_s) for r in state.running]
-        token_load = float(sum(remaining))
-        mean_remaining = token_load / len(remaining) if remaining else 0.0
+        # One pass over the running requests: the token load K_t and their tokens this step
+        # (schedule_tokens inlined: this runs for every running request every step).
+        scheduled: dict[int, int] = {}
+        load = 0
+        chunk = cfg.chunk_tokens
+        for r in state.running:
+            num_output = len(r.token_times_s)
+            load += r.max_tokens - num_output
+            uncomputed = r.num_prompt_tokens + num_output - r.num_computed_tokens
+            scheduled[r.request_id] = uncomputed if uncomputed <= 1 else min(uncomputed, chunk)
+        token_load = float(load)
         outcome = GateOutcome(token_load=token_load, num_free_blocks=state.num_free_blocks)
         forced_ids: list[int] = []
-        if len(state.waiting):
-            # (3) ranking.
-            ranking = rank(state.waiting, state.now_s, state.step_index, mean_remaining, cfg)
-            # (4a) force-admit starving requests, bypassing the window and d_kv.
-            forced = state.waiting.request_at(ranking.forced)
-            for request in forced:
+        waiting = state.waiting
+        if len(waiting):
+            # (4a) force-admit starving requests (queue order), bypassing the window and d_kv.
+            forced = starving_positions(waiting, state.step_index, cfg.t_max_steps)
+            for request in waiting.request_at(forced):
                 need = state.blocks_for(request.num_tokens)
                 if need > outcome.num_free_blocks:
                     break
@@ -66,17 +73,20 @@ class TwpPolicy:
                 outcome.token_load += request.remaining_output_tokens
                 outcome.num_free_blocks -= need
                 forced_ids.append(request.request_id)
-            # (4b) the gate, in rank order, over the rest.
-            scores = ranking.scores
-            scores[ranking.forced] = -np.inf
-            candidates = best_first(
-                state.waiting, scores, len(state.waiting) - len(ranking.forced), _SCAN_BATCH
-            )
-            run_gate(candidates, outcome, window, self.kv_guard, state.block_size)
+            # (3)-(4b) the gate, in rank order, over the rest; ranking is skipped when no
+            # candidate could pass, which leaves the decision unchanged.
+            if len(forced) < len(waiting) and may_admit_any(
+                waiting, outcome, window, self.kv_guard, state.block_size
+            ):
+                mean_remaining = token_load / len(state.running) if state.running else 0.0
+                candidates = ranked(
+                    waiting, state.now_s, state.step_index, mean_remaining, cfg, forced
+                )
+                run_gate(candidates, outcome, window, self.kv_guard, state.block_size)
         self._token_load = outcome.token_load
         self._num_forced = len(forced_ids)
         # (5)-(6) chunked prefill and decode.
-        scheduled = schedule_tokens([*state.running, *outcome.admitted], cfg.chunk_tokens)
+        scheduled.update(schedule_tokens(outcome.admitted, chunk))
         return StepPlan(
             admit_ids=tuple(r.request_id for r in outcome.admitted),
             num_scheduled_tokens=scheduled,

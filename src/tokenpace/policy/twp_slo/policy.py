@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from tokenpace.core.queue import WaitingQueue
 from tokenpace.core.request import Request
 from tokenpace.core.step import StepPlan, StepState
 from tokenpace.engine.latency_model import LatencyModel
@@ -16,12 +17,10 @@ from tokenpace.engine.profile import EngineProfile
 from tokenpace.metrics.slo import Slo
 from tokenpace.policy.base import POLICIES, Policy
 from tokenpace.policy.twp.kv_guard import KvHeadroomGuard
-from tokenpace.policy.twp.ranking import best_first, rank
+from tokenpace.policy.twp.ranking import ranked, starving_positions
 from tokenpace.policy.twp_slo.config import TwpSloConfig
-from tokenpace.policy.twp_slo.deadline import deadline_keys
+from tokenpace.policy.twp_slo.deadline import deadline_order
 from tokenpace.policy.twp_slo.window import RequestWindow
-
-_SCAN_LIMIT = 256
 
 
 class TwpSloPolicy:
@@ -34,6 +33,11 @@ class TwpSloPolicy:
     prefill budget remains, closing at the first failure; (5) spend the step's prefill budget
     (ITL headroom below the target over the per-token prefill cost, within [min, max]) on
     prefilling requests in admission order; (6) one token per decoding request.
+
+    Cost with a long queue: when the window is full, the budget spent or the smallest
+    request fails the KV guard, nobody can be admitted and the ranking is skipped; otherwise
+    only requests that can still meet the TTFT objective are keyed (``deadline_order``).
+    Both give exactly the decisions of keying and sorting the whole queue.
     """
 
     def __init__(self, config: TwpSloConfig, profile: EngineProfile, name: str = "twp_slo") -> None:
@@ -69,24 +73,28 @@ class TwpSloPolicy:
         self._calibrate(state.last_step_latency_s)
         capacity = self.window.capacity()
 
-        prefilling = [r for r in state.running if r.num_output_tokens == 0 or r.is_prefilling]
-        num_decoding = len(state.running) - len(prefilling)
+        # One pass: decoding requests compute one token; the rest (inlined is_prefilling,
+        # as this runs for every running request every step) share the prefill budget.
+        scheduled: dict[int, int] = {}
+        prefilling: list[Request] = []
+        for r in state.running:
+            num_output = len(r.token_times_s)
+            if num_output == 0 or r.num_prompt_tokens + num_output - r.num_computed_tokens > 1:
+                prefilling.append(r)
+            else:
+                scheduled[r.request_id] = 1
+        num_decoding = len(scheduled)
         budget = self.prefill_budget(num_decoding)
         self._budget = float(budget)
-        scheduled: dict[int, int] = {
-            r.request_id: 1
-            for r in state.running
-            if not (r.num_output_tokens == 0 or r.is_prefilling)
-        }
         budget_left = self._spend(prefilling, budget, scheduled)
 
         admitted: list[Request] = []
         forced: list[int] = []
         free = state.num_free_blocks
-        if len(state.waiting):
-            steps_waited = state.step_index - state.waiting.enqueued_step
-            forced_positions = np.flatnonzero(steps_waited >= cfg.max_wait_steps)
-            for request in state.waiting.request_at(forced_positions):
+        waiting = state.waiting
+        if len(waiting):
+            forced_positions = starving_positions(waiting, state.step_index, cfg.max_wait_steps)
+            for request in waiting.request_at(forced_positions):
                 need = state.blocks_for(request.num_tokens)
                 if need > free:
                     break
@@ -98,25 +106,33 @@ class TwpSloPolicy:
                     max(1, budget_left) if cfg.use_prefill_budget else cfg.min_prefill_tokens,
                 )
                 budget_left = max(0, budget_left - scheduled[request.request_id])
-            keys = self._keys(state, budget)
-            keys[forced_positions] = -np.inf
-            num_candidates = len(state.waiting) - len(forced_positions)
-            for request in best_first(state.waiting, keys, num_candidates, _SCAN_LIMIT):
-                footprint = state.blocks_for(request.num_prompt_tokens + request.max_tokens)
-                has_room = len(state.running) + len(admitted) < capacity
-                has_budget = budget_left > 0 or not cfg.use_prefill_budget
-                if not (has_room and has_budget and self.kv_guard.admits(free, footprint)):
-                    break
-                free -= state.blocks_for(request.num_tokens)
-                admitted.append(request)
-                tokens = min(
-                    request.num_tokens,
-                    budget_left if cfg.use_prefill_budget else cfg.min_prefill_tokens,
-                )
-                scheduled[request.request_id] = tokens
-                budget_left -= tokens
+            # The gate's room and budget tests do not depend on the candidate, and its KV
+            # test is monotone in the footprint: when the first candidate fails whoever it
+            # is, nothing is admitted and the ranking is skipped.
+            may_admit = (
+                len(forced_positions) < len(waiting)
+                and len(state.running) + len(admitted) < capacity
+                and (budget_left > 0 or not cfg.use_prefill_budget)
+                and self.kv_guard.admits(free, state.blocks_for(_smallest_job(waiting)))
+            )
+            if may_admit:
+                candidates = self._candidates(state, budget, forced_positions)
+                for request in candidates:
+                    footprint = state.blocks_for(request.num_prompt_tokens + request.max_tokens)
+                    has_room = len(state.running) + len(admitted) < capacity
+                    has_budget = budget_left > 0 or not cfg.use_prefill_budget
+                    if not (has_room and has_budget and self.kv_guard.admits(free, footprint)):
+                        break
+                    free -= state.blocks_for(request.num_tokens)
+                    admitted.append(request)
+                    tokens = min(
+                        request.num_tokens,
+                        budget_left if cfg.use_prefill_budget else cfg.min_prefill_tokens,
+                    )
+                    scheduled[request.request_id] = tokens
+                    budget_left -= tokens
         self._num_forced = len(forced)
-        self._predicted_ms = self._predict_ms(state, scheduled)
+        self._predicted_ms = self._predict_ms(num_decoding, prefilling, scheduled)
         return StepPlan(
             admit_ids=tuple(r.request_id for r in admitted),
             num_scheduled_tokens=scheduled,
@@ -129,10 +145,13 @@ class TwpSloPolicy:
         ratio = step_latency_s * 1000 / self._predicted_ms
         self._calibration += self.config.base.ema_factor * (ratio - self._calibration)
 
-    def _predict_ms(self, state: StepState, scheduled: Mapping[int, int]) -> float:
-        """Profile latency of the planned step (decode batch plus prefill tokens)."""
+    def _predict_ms(
+        self, num_decoding: int, prefilling: list[Request], scheduled: Mapping[int, int]
+    ) -> float:
+        """Profile latency of the planned step (decode batch plus prefill tokens); a running
+        request counts as decode when it computes one token, as every decoding one does."""
         cfg = self.config
-        num_decode = sum(1 for r in state.running if scheduled.get(r.request_id) == 1)
+        num_decode = num_decoding + sum(1 for r in prefilling if scheduled.get(r.request_id) == 1)
         num_prefill = sum(scheduled.values()) - num_decode
         ms = self._latency.decode_ms(num_decode) + num_prefill * cfg.prefill_ms_per_token
         if num_prefill and num_decode:
@@ -156,13 +175,17 @@ class TwpSloPolicy:
             left -= tokens
         return left
 
-    def _keys(self, state: StepState, budget: int) -> npt.NDArray[np.float64]:
+    def _candidates(
+        self, state: StepState, budget: int, excluded: npt.NDArray[np.intp]
+    ) -> Iterator[Request]:
+        """Waiting requests but ``excluded`` in rank order: TTFT-feasible ones by least slack
+        then the rest in queue order (deadline ranking), or TWP's score order."""
         cfg = self.config
         if cfg.use_deadline_ranking:
             per_step = budget if cfg.use_prefill_budget else cfg.min_prefill_tokens
-            return deadline_keys(
+            return deadline_order(
                 state.waiting, state.now_s, cfg.ttft_slo_ms / 1000, cfg.itl_target_ms / 1000,
-                per_step,
+                per_step, excluded,
             )  # fmt: skip
         running = state.running
         mean_remaining = (
@@ -170,7 +193,9 @@ class TwpSloPolicy:
             if running
             else 0.0
         )
-        return rank(state.waiting, state.now_s, state.step_index, mean_remaining, cfg.base).scores
+        return ranked(
+            state.waiting, state.now_s, state.step_index, mean_remaining, cfg.base, excluded
+        )
 
     def telemetry(self) -> Mapping[str, float]:
         return {
@@ -183,6 +208,11 @@ class TwpSloPolicy:
             "kv_threshold_blocks": self.kv_guard.threshold_blocks,
             "num_forced": float(self._num_forced),
         }
+
+
+def _smallest_job(waiting: WaitingQueue) -> int:
+    """Fewest tokens (prompt + max_tokens) a waiting request can hold."""
+    return int((waiting.num_prompt_tokens + waiting.max_tokens).min())
 
 
 ABLATIONS: dict[str, dict[str, Any]] = {

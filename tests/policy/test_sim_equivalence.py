@@ -1,0 +1,52 @@
+"""Whole simulated runs under overload and KV pressure (queues of hundreds, preemptions)
+give every request the same admission step, preemptions and token times with the fast
+ranking as with the reference that scores and sorts the whole queue every step."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from tests.policy.twp.test_ranking_equivalence import ReferenceTwp
+from tests.policy.twp_slo.test_gate_equivalence import ReferenceTwpSlo
+from tokenpace.engine.profile import EngineProfile
+from tokenpace.metrics.slo import Slo
+from tokenpace.policy.base import Policy
+from tokenpace.policy.twp.config import TwpConfig
+from tokenpace.policy.twp.policy import TwpPolicy
+from tokenpace.policy.twp_slo.config import TwpSloConfig
+from tokenpace.policy.twp_slo.policy import TwpSloPolicy
+from tokenpace.sim.run import simulate
+from tokenpace.workload.spec import RequestSpec
+
+
+def overload(num_requests: int, rate: float) -> list[RequestSpec]:
+    rng = np.random.default_rng(5)
+    arrivals = np.sort(rng.uniform(0.0, num_requests / rate, num_requests))
+    return [
+        RequestSpec(float(a), int(rng.integers(20, 900)), int(rng.choice([8, 20, 50, 200, 400])))
+        for a in arrivals
+    ]
+
+
+def history(specs: list[RequestSpec], policy: Policy, profile: EngineProfile) -> list[object]:
+    outcome = simulate(specs, policy, profile, np.random.default_rng(1))
+    assert max(step.num_waiting for step in outcome.steps) > 100
+    return [
+        (r.request_id, r.admitted_step, r.num_preemptions, tuple(r.token_times_s))
+        for r in outcome.requests
+    ]
+
+
+@pytest.mark.slow
+def test_overloaded_runs_match_the_reference(paper_profile: EngineProfile) -> None:
+    profile = replace(paper_profile, num_gpu_blocks=600)  # preemptions happen
+    specs = overload(150, rate=60.0)
+    twp = TwpConfig.from_profile(profile)
+    assert history(specs, TwpPolicy(twp), profile) == history(specs, ReferenceTwp(twp), profile)
+    slo = TwpSloConfig.from_profile(profile, Slo())
+    assert history(specs, TwpSloPolicy(slo, profile), profile) == history(
+        specs, ReferenceTwpSlo(slo, profile), profile
+    )

@@ -1,0 +1,168 @@
+"""The lazy ranking and the skipped ranking decide exactly as scoring and sorting the whole
+queue every step does: a straightforward reference (the paper's rank, a stable full sort,
+then the gate) is kept here and compared on snapshots full of ties."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import numpy as np
+import numpy.typing as npt
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.helpers import request, running, state
+from tests.policy.snapshots import Snapshot, build, snapshots
+from tokenpace.core.queue import WaitingQueue
+from tokenpace.core.request import Request
+from tokenpace.core.step import StepPlan, StepState
+from tokenpace.policy.common import schedule_tokens
+from tokenpace.policy.twp import ranking
+from tokenpace.policy.twp.config import TwpConfig
+from tokenpace.policy.twp.gate import GateOutcome, may_admit_any, run_gate
+from tokenpace.policy.twp.kv_guard import KvHeadroomGuard
+from tokenpace.policy.twp.policy import TwpPolicy
+
+
+def reference_scores(
+    waiting: WaitingQueue, now_s: float, step_index: int, mean_remaining: float, cfg: TwpConfig
+) -> npt.NDArray[np.float64]:
+    """w1 min(1, waited / T_max) + w2 exp(-|L - rbar| / (rbar + 1)) + w3 fairness/max."""
+    starvation = np.minimum(1.0, (step_index - waiting.enqueued_step) / cfg.t_max_steps)
+    balance = np.exp(-np.abs(waiting.max_tokens - mean_remaining) / (mean_remaining + 1.0))
+    per_size = (now_s - waiting.arrival_s) / (waiting.num_prompt_tokens + waiting.max_tokens)
+    top = float(per_size.max())
+    fairness = per_size / top if top > 0 else np.zeros_like(per_size)
+    scores: npt.NDArray[np.float64] = (
+        cfg.w_starvation * starvation + cfg.w_balance * balance + cfg.w_fairness * fairness
+    )
+    return scores
+
+
+class ReferenceTwp(TwpPolicy):
+    """TWP scoring every waiting request and sorting them all, every step."""
+
+    def plan(self, state: StepState) -> StepPlan:
+        cfg = self.config
+        self.kv_guard.update(state.num_total_blocks - state.num_free_blocks, state.num_total_blocks)
+        window = self.window.update(state.last_step_latency_s, len(state.waiting))
+        remaining = [r.max_tokens - r.num_output_tokens for r in state.running]
+        load = float(sum(remaining))
+        outcome = GateOutcome(token_load=load, num_free_blocks=state.num_free_blocks)
+        forced_ids: list[int] = []
+        waiting = state.waiting
+        if len(waiting):
+            mean = load / len(remaining) if remaining else 0.0
+            scores = reference_scores(waiting, state.now_s, state.step_index, mean, cfg)
+            forced = np.flatnonzero(state.step_index - waiting.enqueued_step >= cfg.t_max_steps)
+            for request in waiting.request_at(forced):
+                need = state.blocks_for(request.num_tokens)
+                if need > outcome.num_free_blocks:
+                    break
+                outcome.admitted.append(request)
+                outcome.token_load += request.remaining_output_tokens
+                outcome.num_free_blocks -= need
+                forced_ids.append(request.request_id)
+            skip = set(forced.tolist())
+            order = [int(i) for i in np.argsort(-scores, kind="stable") if i not in skip]
+            run_gate(waiting.request_at(order), outcome, window, self.kv_guard, state.block_size)
+        self._token_load = outcome.token_load
+        self._num_forced = len(forced_ids)
+        return StepPlan(
+            admit_ids=tuple(r.request_id for r in outcome.admitted),
+            num_scheduled_tokens=schedule_tokens(
+                [*state.running, *outcome.admitted], cfg.chunk_tokens
+            ),
+            forced_ids=frozenset(forced_ids),
+        )
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    steps=st.lists(snapshots(), min_size=1, max_size=3),
+    t_max=st.sampled_from([100, 1000]),
+    share=st.sampled_from([0.0, 0.25, 1.0]),
+)
+def test_twp_plans_like_the_full_sort(steps: list[Snapshot], t_max: int, share: float) -> None:
+    # share 0 scores everyone in the first round, 1 never does: both paths are covered.
+    cfg = TwpConfig(t_max_steps=t_max)
+    fast, reference = TwpPolicy(cfg), ReferenceTwp(cfg)
+    with mock.patch.object(ranking, "_MAX_CONTENDER_SHARE", share):
+        for snapshot in steps:
+            state = build(snapshot)
+            got, want = fast.plan(state), reference.plan(state)
+            assert got == want
+            assert fast.telemetry() == reference.telemetry()
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    snapshot=snapshots(max_waiting=120),
+    mean_remaining=st.sampled_from([0.0, 1.0, 19.5, 50.0, 125.3, 1000.0]),
+    share=st.sampled_from([0.0, 1.0]),
+    data=st.data(),
+)
+def test_ranked_yields_the_stable_sort_of_every_score(
+    snapshot: Snapshot, mean_remaining: float, share: float, data: st.DataObject
+) -> None:
+    state = build(snapshot)
+    waiting = state.waiting
+    n = len(waiting)
+    excluded = np.array(
+        sorted(data.draw(st.sets(st.integers(0, max(0, n - 1)), max_size=n // 2))) if n else [],
+        dtype=np.intp,
+    )
+    cfg = TwpConfig()
+    scores = (
+        reference_scores(waiting, state.now_s, state.step_index, mean_remaining, cfg)
+        if n
+        else np.empty(0)
+    )
+    skip = set(excluded.tolist())
+    want = [int(i) for i in np.argsort(-scores, kind="stable") if i not in skip]
+    with mock.patch.object(ranking, "_MAX_CONTENDER_SHARE", share):
+        got = ranking.ranked(waiting, state.now_s, state.step_index, mean_remaining, cfg, excluded)
+        assert [r.request_id for r in got] == [waiting[i].request_id for i in want]
+
+
+def test_a_large_queue_ranks_like_the_full_sort() -> None:
+    # 5,000 requests: the round path with few contenders per round, as at scale.
+    rng = np.random.default_rng(7)
+    queue = WaitingQueue()
+    for i in range(5000):
+        r = Request(i, int(rng.integers(30, 513)), int(rng.choice([20, 50, 200])), i * 1e-3)
+        r.enqueued_step = int(rng.integers(0, 60))
+        queue.append(r)
+    cfg = TwpConfig()
+    for mean in (3.0, 125.0):
+        scores = reference_scores(queue, 20.0, 60, mean, cfg)
+        want = np.argsort(-scores, kind="stable")[:300].tolist()
+        got = ranking.ranked(queue, 20.0, 60, mean, cfg, np.empty(0, dtype=np.intp))
+        assert [next(got).request_id for _ in range(300)] == want
+
+
+def test_a_preempted_request_with_little_budget_left_keeps_the_gate_open() -> None:
+    # Window ~400 tokens, K = 390: only a budget of <= 10 tokens fits. The preempted request
+    # (max_tokens 200, 195 already streamed) fits; judging by max_tokens would skip it.
+    busy = [running(100 + i, prompt=10, max_tokens=200, produced=5) for i in range(2)]
+    preempted = request(0, max_tokens=200, arrival_s=0.0)
+    preempted.token_times_s = [0.0] * 195
+    preempted.output_token_ids = [0] * 195
+    fresh = request(1, max_tokens=200, arrival_s=0.5)
+    for policy in (TwpPolicy(TwpConfig()), ReferenceTwp(TwpConfig())):
+        plan = policy.plan(state([preempted, fresh], busy, now_s=1.0, latency_s=0.043))
+        assert plan.admit_ids == (0,)
+
+
+def test_may_admit_any_decides_on_the_queue_minima() -> None:
+    guard = KvHeadroomGuard(TwpConfig())
+    guard.update(0, 10_000)  # d_kv = 200 blocks
+    small, big = request(0, prompt=16, max_tokens=16), request(1, prompt=600, max_tokens=400)
+    queue = state([big, small]).waiting
+    busy = GateOutcome(token_load=90.0, num_free_blocks=10_000)
+    assert may_admit_any(queue, busy, 106.0, guard, 16)  # 90 + 16 fits
+    assert not may_admit_any(queue, busy, 105.0, guard, 16)
+    # Idle: the head passes the window whatever its budget; only KV can refuse it.
+    assert may_admit_any(queue, GateOutcome(num_free_blocks=10_000), 1.0, guard, 16)
+    assert may_admit_any(queue, GateOutcome(num_free_blocks=203), 1.0, guard, 16)  # 2 blocks
+    assert not may_admit_any(queue, GateOutcome(num_free_blocks=202), 1.0, guard, 16)

@@ -1,0 +1,201 @@
+"""twp_slo decides exactly as keying and sorting the whole queue every step does, also when
+it skips the ranking because the gate cannot admit anyone: the straightforward reference is
+kept here and compared, for the policy and each ablation, on snapshots full of ties."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.helpers import request, state
+from tests.policy.snapshots import Snapshot, build, snapshots
+from tests.policy.twp.test_ranking_equivalence import reference_scores
+from tokenpace.core.queue import WaitingQueue
+from tokenpace.core.request import Request
+from tokenpace.core.step import StepPlan, StepState
+from tokenpace.engine.profile import load_profile
+from tokenpace.metrics.slo import Slo
+from tokenpace.policy.twp_slo.config import TwpSloConfig
+from tokenpace.policy.twp_slo.deadline import deadline_order
+from tokenpace.policy.twp_slo.policy import ABLATIONS, TwpSloPolicy
+
+
+def reference_keys(
+    waiting: WaitingQueue, now_s: float, ttft_s: float, step_s: float, per_step: float
+) -> npt.NDArray[np.float64]:
+    """Feasible (slack >= 0): 1e12 - slack - max_tokens 1e-9; infeasible: -position."""
+    steps = np.ceil(waiting.num_prompt_tokens / max(1.0, per_step))
+    slack = ttft_s - (now_s - waiting.arrival_s) - steps * step_s
+    feasible = 1e12 - slack - waiting.max_tokens * 1e-9
+    keys: npt.NDArray[np.float64] = np.where(
+        slack >= 0, feasible, -np.arange(len(slack), dtype=np.float64)
+    )
+    return keys
+
+
+class ReferenceTwpSlo(TwpSloPolicy):
+    """twp_slo keying every waiting request and sorting them all, every step."""
+
+    def plan(self, state: StepState) -> StepPlan:
+        cfg = self.config
+        self.kv_guard.update(state.num_total_blocks - state.num_free_blocks, state.num_total_blocks)
+        self.window.update(state.last_step_latency_s)
+        self._calibrate(state.last_step_latency_s)
+        capacity = self.window.capacity()
+        prefilling = [r for r in state.running if r.num_output_tokens == 0 or r.is_prefilling]
+        budget = self.prefill_budget(len(state.running) - len(prefilling))
+        self._budget = float(budget)
+        scheduled = {r.request_id: 1 for r in state.running if r not in prefilling}
+        budget_left = self._spend(prefilling, budget, scheduled)
+        admitted: list[Request] = []
+        forced: list[int] = []
+        free = state.num_free_blocks
+        waiting = state.waiting
+        if len(waiting):
+            waited = state.step_index - waiting.enqueued_step
+            forced_positions = np.flatnonzero(waited >= cfg.max_wait_steps)
+            for request in waiting.request_at(forced_positions):
+                need = state.blocks_for(request.num_tokens)
+                if need > free:
+                    break
+                free -= need
+                admitted.append(request)
+                forced.append(request.request_id)
+                scheduled[request.request_id] = min(
+                    request.num_tokens,
+                    max(1, budget_left) if cfg.use_prefill_budget else cfg.min_prefill_tokens,
+                )
+                budget_left = max(0, budget_left - scheduled[request.request_id])
+            keys = self._reference_keys(state, budget)
+            skip = set(forced_positions.tolist())
+            order = [int(i) for i in np.argsort(-keys, kind="stable") if i not in skip]
+            for request in waiting.request_at(order):
+                footprint = state.blocks_for(request.num_prompt_tokens + request.max_tokens)
+                has_room = len(state.running) + len(admitted) < capacity
+                has_budget = budget_left > 0 or not cfg.use_prefill_budget
+                if not (has_room and has_budget and self.kv_guard.admits(free, footprint)):
+                    break
+                free -= state.blocks_for(request.num_tokens)
+                admitted.append(request)
+                tokens = min(
+                    request.num_tokens,
+                    budget_left if cfg.use_prefill_budget else cfg.min_prefill_tokens,
+                )
+                scheduled[request.request_id] = tokens
+                budget_left -= tokens
+        self._num_forced = len(forced)
+        self._predicted_ms = self._reference_predict_ms(state, scheduled)
+        return StepPlan(
+            admit_ids=tuple(r.request_id for r in admitted),
+            num_scheduled_tokens=scheduled,
+            forced_ids=frozenset(forced),
+        )
+
+    def _reference_keys(self, state: StepState, budget: int) -> npt.NDArray[np.float64]:
+        cfg = self.config
+        if cfg.use_deadline_ranking:
+            per_step = budget if cfg.use_prefill_budget else cfg.min_prefill_tokens
+            return reference_keys(
+                state.waiting,
+                state.now_s,
+                cfg.ttft_slo_ms / 1000,
+                cfg.itl_target_ms / 1000,
+                per_step,
+            )
+        running = state.running
+        mean = (
+            sum(r.max_tokens - r.num_output_tokens for r in running) / len(running)
+            if running
+            else 0.0
+        )
+        return reference_scores(state.waiting, state.now_s, state.step_index, mean, cfg.base)
+
+    def _reference_predict_ms(self, state: StepState, scheduled: Mapping[int, int]) -> float:
+        cfg = self.config
+        num_decode = sum(1 for r in state.running if scheduled.get(r.request_id) == 1)
+        num_prefill = sum(scheduled.values()) - num_decode
+        ms = self._latency.decode_ms(num_decode) + num_prefill * cfg.prefill_ms_per_token
+        if num_prefill and num_decode:
+            ms += cfg.mixed_prefill_overhead_ms
+        return ms
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    steps=st.lists(snapshots(), min_size=1, max_size=3),
+    ablation=st.sampled_from(sorted(ABLATIONS)),
+    ttft_ms=st.sampled_from([500.0, 2000.0, 20_000.0, 1e12, 1e14]),
+    max_wait_steps=st.sampled_from([100, 600]),
+)
+def test_twp_slo_plans_like_the_full_sort(
+    steps: list[Snapshot], ablation: str, ttft_ms: float, max_wait_steps: int
+) -> None:
+    profile = load_profile("v100-llama-3.2-3b")
+    switches: dict[str, Any] = ABLATIONS[ablation]
+    cfg = replace(
+        TwpSloConfig.from_profile(profile, Slo(ttft_ms, 100.0)),
+        max_wait_steps=max_wait_steps,
+        **switches,
+    )
+    fast, reference = TwpSloPolicy(cfg, profile), ReferenceTwpSlo(cfg, profile)
+    for snapshot in steps:
+        state = build(snapshot)
+        got, want = fast.plan(state), reference.plan(state)
+        assert got == want
+        assert fast.telemetry() == reference.telemetry()
+
+
+def test_one_token_of_budget_left_still_admits() -> None:
+    profile = load_profile("v100-llama-3.2-3b")
+    cfg = TwpSloConfig.from_profile(profile, Slo(2000.0, 100.0))
+    for policy in (TwpSloPolicy(cfg, profile), ReferenceTwpSlo(cfg, profile)):
+        budget = policy.prefill_budget(0)
+        prefilling = Request(100, budget + 9, 50, 0.0)
+        prefilling.num_computed_tokens = 10  # budget - 1 tokens left to prefill
+        plan = policy.plan(state([request(0, prompt=40)], [prefilling], now_s=0.5))
+        assert plan.admit_ids == (0,)
+        assert plan.num_scheduled_tokens == {100: budget - 1, 0: 1}
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    snapshot=snapshots(max_waiting=120),
+    ttft_s=st.sampled_from([0.0, 0.5, 2.0, 3.0, 1e9, 1e11, 1e13]),
+    step_s=st.sampled_from([0.0, 0.08, 1.0]),
+    per_step=st.sampled_from([0.5, 16.0, 64.0, 2048.0]),
+    data=st.data(),
+)
+def test_deadline_order_is_the_stable_sort_of_every_key(
+    snapshot: Snapshot, ttft_s: float, step_s: float, per_step: float, data: st.DataObject
+) -> None:
+    state = build(snapshot)
+    waiting = state.waiting
+    n = len(waiting)
+    excluded = sorted(data.draw(st.sets(st.integers(0, max(0, n - 1)), max_size=n // 2)))
+    # Arrivals after now_s too (clock skew), so some slack exceeds the objective.
+    now_s = state.now_s - data.draw(st.sampled_from([0.0, 2.5, 1e12]))
+    keys = reference_keys(waiting, now_s, ttft_s, step_s, per_step) if n else np.empty(0)
+    skip = set(excluded)
+    want = [int(i) for i in np.argsort(-keys, kind="stable") if i not in skip]
+    got = deadline_order(
+        waiting, now_s, ttft_s, step_s, per_step, np.array(excluded, dtype=np.intp)
+    )
+    assert [r.request_id for r in got] == [waiting[i].request_id for i in want]
+
+
+def test_a_key_below_the_infeasible_ones_falls_back_to_the_full_sort() -> None:
+    # Request 1 "arrives" 2e12 s after now: its slack exceeds 1e12, so its key is negative
+    # and ranks below request 0, which waited past the objective (key -0).
+    late = request(0, arrival_s=0.0)
+    future = request(1, arrival_s=2e12)
+    waiting = state([late, future]).waiting
+    got = deadline_order(waiting, 100.0, 2.0, 0.08, 64.0, np.empty(0, dtype=np.intp))
+    assert [r.request_id for r in got] == [0, 1]
+    keys = reference_keys(waiting, 100.0, 2.0, 0.08, 64.0)
+    assert keys[1] < keys[0]
