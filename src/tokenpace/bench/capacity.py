@@ -95,8 +95,7 @@ class KneeSearch:
 class Capacity:
     """A measured capacity. Rates in requests/s; ``concurrency_per_container``: the mean
     number of outstanding requests per container at the knee (Little's law: knee rate x
-    mean end-to-end latency / containers); for a two-stage job, the all-warm knee's, which
-    is the autoscaler's target."""
+    mean end-to-end latency / containers), the autoscaler's target concurrency."""
 
     knee_rps: float
     ceiling_rps: float
@@ -290,31 +289,15 @@ def cached_capacity(
 
 @dataclass(frozen=True, slots=True)
 class CapacityJob:
-    """One capacity to measure: the problem and where its search starts.
-
-    With ``warm_search`` and a deployed pool, the knee takes two stages: first a coarse
-    knee with every container warm (``warm_search``), whose concurrency per container
-    becomes the autoscaler's target (``target_per_instance``, as an operator sizes a
-    Knative target from a load test); then the knee of the pool as deployed, cold starts
-    included, searched from the first knee in steps of ``search.step_factor``."""
+    """One capacity to measure: the problem and where its search starts."""
 
     problem: KneeProblem
     initial_guess_rps: float
-    warm_search: KneeSearch | None = None
 
 
 def run_job(job: CapacityJob, cache_dir: Path | None) -> Capacity:
-    """The capacity of ``job`` (see ``CapacityJob``), through the cache."""
-    problem = job.problem
-    if job.warm_search is None or problem.pool is None:
-        return cached_capacity(problem, job.initial_guess_rps, cache_dir)
-    warm = cached_capacity(
-        replace(problem, pool=None, search=job.warm_search), job.initial_guess_rps, cache_dir
-    )
-    target = max(1.0, warm.concurrency_per_container)
-    deployed = replace(problem, pool=replace(problem.pool, target_per_instance=target))
-    found = cached_capacity(deployed, warm.knee_rps, cache_dir)
-    return replace(found, concurrency_per_container=target)
+    """The capacity of ``job``, through the cache."""
+    return cached_capacity(job.problem, job.initial_guess_rps, cache_dir)
 
 
 def measure_capacities(

@@ -139,13 +139,9 @@ _KNEE_OF = {"low": "paper", "medium": "paper", "high": "paper", "burst": "paper"
             "kv_pressure": "kv_pressure", "prefill_heavy": "prefill_heavy"}  # fmt: skip
 
 
-# The first, all-warm stage of a pool knee only sizes the autoscaler's target: one seed, 5%.
-WARM_KNEE_SEARCH = KneeSearch(seeds=(1000,), rel_tolerance=0.05)
-
-
 def capacity_jobs(options: PlanOptions, with_main: bool, scenarios: bool) -> dict[str, CapacityJob]:
     """The knees a plan needs: ``main`` (one server, the paper's main mixtures) and one per
-    scenario mixture on the pool as deployed (two stages, see ``CapacityJob``)."""
+    scenario mixture on the pool, every container warm."""
     jobs: dict[str, CapacityJob] = {}
     if with_main:
         main = PoissonWorkload()
@@ -162,11 +158,8 @@ def capacity_jobs(options: PlanOptions, with_main: bool, scenarios: bool) -> dic
             estimate = pool_capacity_rps(
                 profile, workload.prompt_lengths, workload.output_lengths, n
             )
-            problem = KneeProblem(
-                profile, n, workload, options.slo, replace(options.search, step_factor=1.25),
-                options.pool,
-            )  # fmt: skip
-            jobs[knee] = CapacityJob(problem, estimate, WARM_KNEE_SEARCH)
+            problem = KneeProblem(profile, n, workload, options.slo, options.search)
+            jobs[knee] = CapacityJob(problem, estimate)
     return jobs
 
 

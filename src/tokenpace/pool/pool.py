@@ -80,8 +80,10 @@ class Pool:
             for container in cold[:missing]:
                 container.start_load(now_s)
             active += cold[:missing]
-        # Drain the surplus with the least work (it empties first); keep the others open.
-        active.sort(key=lambda c: (-c.num_outstanding, c.container_id))
+        # Keep the open containers with the most work; drain the surplus (those already
+        # draining stay so, so a draining container is not handed new work again and can
+        # run dry; among the rest the least loaded drain, as they empty first).
+        active.sort(key=lambda c: (c.draining, -c.num_outstanding, c.container_id))
         for position, container in enumerate(active):
             container.draining = position >= max(keep, 1)
 
