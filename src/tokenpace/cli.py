@@ -128,8 +128,8 @@ def trace_part(
     """A pool part replaying the trace with its output lengths as true lengths and the
     trace's largest output as every client's ``max_tokens``. With ``load`` set, the time
     scale is chosen so the mean arrival rate is ``load`` x the pool's knee for the trace's
-    own lengths (measured like the scenarios' knees, on Poisson arrivals that resample the
-    trace's (prompt, output) pairs)."""
+    own lengths (measured like the scenarios' knees, on as many Poisson arrivals as the
+    replay holds, resampling the trace's (prompt, output) pairs)."""
     if trace_format not in TRACE_FORMATS:
         fail(
             f"unknown --trace-format {trace_format!r}; valid choices: "
@@ -143,9 +143,10 @@ def trace_part(
         lengths = tuple((s.num_prompt_tokens, s.max_tokens) for s in trace.specs)
         knee = None
         if load is not None:
+            # The knee of a replay of this size: as many Poisson arrivals as the replay.
             workload = EmpiricalWorkload(
-                name="trace", rate_per_s=1.0, duration_s=plan.scenario.duration_s,
-                lengths=lengths, max_tokens=cap,
+                name="trace", rate_per_s=1.0, lengths=lengths, max_tokens=cap,
+                num_requests=len(trace.specs),
             )  # fmt: skip
             estimate = pool_capacity_rps_for_specs(
                 plan.profile, trace.specs, plan.pool.num_containers
