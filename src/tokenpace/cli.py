@@ -44,6 +44,7 @@ from tokenpace.workload.traces import TRACE_FORMATS, TraceOptions, load_trace, t
 
 DEFAULT_PROFILE = "v100-llama-3.2-3b"
 ENGINES = ("sim", "native", "vllm")
+MIN_KNEE_REQUESTS = 500
 NATIVE_PROFILE_PATH = Path("build/profiles/native-smollm2-bfloat16-cpu.json")
 
 app = typer.Typer(
@@ -143,10 +144,11 @@ def trace_part(
         lengths = tuple((s.num_prompt_tokens, s.max_tokens) for s in trace.specs)
         knee = None
         if load is not None:
-            # The knee of a replay of this size: as many Poisson arrivals as the replay.
+            # The knee of a replay of this size: as many Poisson arrivals as the replay
+            # (at least MIN_KNEE_REQUESTS, so that a short replay can still be overloaded).
             workload = EmpiricalWorkload(
                 name="trace", rate_per_s=1.0, lengths=lengths, max_tokens=cap,
-                num_requests=len(trace.specs),
+                num_requests=max(MIN_KNEE_REQUESTS, len(trace.specs)),
             )  # fmt: skip
             estimate = pool_capacity_rps_for_specs(
                 plan.profile, trace.specs, plan.pool.num_containers
