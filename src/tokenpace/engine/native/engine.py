@@ -232,6 +232,11 @@ def _ensure_prompt_ids(request: Request, tokenizer: Any) -> None:
     that length (workloads count prompt tokens with their own tokenizer), or synthetic ids."""
     n = request.num_prompt_tokens
     if request.prompt_token_ids is None:
+        if request.prompt is not None and tokenizer is None:
+            raise ValueError(
+                f"request {request.request_id}: this model has no tokenizer (random weights); "
+                "give prompt token ids or a length only"
+            )
         ids = list(tokenizer.encode(request.prompt)) if request.prompt is not None else []
         ids = ids[:n]
         ids += [
