@@ -3,7 +3,9 @@
 Each batch runs B requests (synthetic prompts of ``--prompt-tokens`` tokens, exactly
 ``--output-tokens`` outputs each, EOS ignored) through the step loop with vLLM's default
 policy, so the run is decode-dominated. tokens/s = output tokens / wall time of the run.
-The roofline is the weight bytes over the memory read bandwidth measured in the same run.
+The roofline is the weight bytes over the memory read bandwidth measured in the same run;
+``b1_matmul_ms`` is the model's projections alone at one token (every linear weight once, no
+other op), so ``b1_step_over_matmul`` says how much of the batch-1 step is anything else.
 ``--compare-transformers`` also runs the engine on transformers' model code (the fused
 forward off) on the same loaded model, batch by batch in turn with the default engine, and
 reports the default's tokens/s over it per batch size (``fused_over_transformers``).
@@ -28,6 +30,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numpy as np
+import torch
 
 from tokenpace.core.request import Request
 from tokenpace.core.sampling import SamplingParams
@@ -59,6 +62,23 @@ def run_batch(
         "decode_step_ms_p50": statistics.median(decode_ms),
         "wall_s": elapsed,
     }
+
+
+def projections_ms(model: torch.nn.Module, repeats: int = 15) -> float:
+    """Median time (ms) of one product per linear weight of ``model`` at a single token,
+    in its dtype: the matrix-product floor of a batch-1 step."""
+    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    inputs = [torch.randn(1, w.shape[1], dtype=w.dtype, device=w.device) for w in weights]
+    times = []
+    with torch.inference_mode():
+        for _ in range(repeats):
+            start = time.perf_counter()
+            for x, w in zip(inputs, weights, strict=True):
+                torch.nn.functional.linear(x, w)
+            if w.device.type == "cuda":
+                torch.cuda.synchronize(w.device)
+            times.append(1000 * (time.perf_counter() - start))
+    return statistics.median(times)
 
 
 def vllm_throughput(
@@ -135,6 +155,7 @@ def main() -> None:
     bandwidth = measure_read_bandwidth_gb_s(engine.loaded.device)
     weight_bytes = engine.loaded.weight_bytes
     roofline_ms = weight_bytes / bandwidth / 1e6
+    matmul_ms = projections_ms(engine.loaded.model)
     for warm in (engine, plain):
         if warm is not None:
             run_batch(warm, 2, args.prompt_tokens, 8, first_id=1_000_000)
@@ -183,6 +204,8 @@ def main() -> None:
         "read_bandwidth_gb_s": round(bandwidth, 1),
         "roofline_ms": round(roofline_ms, 2),
         "b1_step_over_roofline": round(step_b1 / roofline_ms, 2) if step_b1 else None,
+        "b1_matmul_ms": round(matmul_ms, 2),
+        "b1_step_over_matmul": round(step_b1 / matmul_ms, 2) if step_b1 else None,
         "transformers_tok_s": {str(b): round(r["tok_s"], 1) for b, r in transformers.items()}
         or None,
         "fused_over_transformers": {
