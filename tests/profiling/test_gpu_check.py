@@ -31,6 +31,7 @@ def test_dry_run_profiles_times_and_compares_every_scheduler(tmp_path: Path) -> 
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["device"] == "cpu"
     assert result["model"] == "random:tiny-llama"
+    assert result["forward_path"] == "fused"
     assert result["roofline_ms"] > 0
     assert result["b1_step_ms"] > result["roofline_ms"] * 0.5
     assert result["profile"]["l_min_ms"] > 0
