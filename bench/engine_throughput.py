@@ -2,7 +2,7 @@
 
 Each batch runs B requests (synthetic prompts of ``--prompt-tokens`` tokens, exactly
 ``--output-tokens`` outputs each, EOS ignored) through the step loop with vLLM's default
-policy, so the run is decode-dominated. tokens/s = output tokens / wall time of the run.
+policy, so the run is decode-dominated. tokens/s = output tokens / the run's step time.
 The roofline is the weight bytes over the memory read bandwidth measured in the same run;
 ``b1_matmul_ms`` is the model's projections alone at one token (every linear weight once, no
 other op), so ``b1_step_over_matmul`` says how much of the batch-1 step is anything else.
@@ -40,28 +40,44 @@ from tokenpace.profiling.sweep import measure_read_bandwidth_gb_s
 from tokenpace.runtime.step_loop import StepLoop
 
 
-def run_batch(
-    engine: NativeEngine, batch: int, prompt_tokens: int, output_tokens: int, first_id: int
-) -> dict[str, float]:
-    """Run ``batch`` requests to completion; tokens/s and the median decode step (ms)."""
-    loop = StepLoop(VllmDefaultPolicy(VllmDefaultConfig()), engine)
+def run_batches(
+    engines: list[NativeEngine], batch: int, prompt_tokens: int, output_tokens: int, first_id: int
+) -> list[dict[str, float]]:
+    """Run ``batch`` requests to completion on each engine, the engines taking steps in
+    turn (so a burst of load on a shared machine hits them alike); per engine, tokens/s
+    over the sum of its step times (seconds, scheduling included) and the median decode
+    step (ms)."""
     params = SamplingParams(ignore_eos=True)
-    for i in range(batch):
-        loop.add_request(
-            Request(first_id + i, prompt_tokens, output_tokens, 0.0, sampling=params), 0.0
+    loops = []
+    for k, engine in enumerate(engines):
+        loop = StepLoop(VllmDefaultPolicy(VllmDefaultConfig()), engine)
+        for i in range(batch):
+            request_id = first_id + 5000 * k + i
+            loop.add_request(
+                Request(request_id, prompt_tokens, output_tokens, 0.0, sampling=params), 0.0
+            )
+        loops.append(loop)
+    busy = [0.0] * len(loops)
+    while any(loop.has_work for loop in loops):
+        for k, loop in enumerate(loops):
+            if not loop.has_work:
+                continue
+            start = time.perf_counter()
+            step = loop.begin_step(busy[k])
+            assert step is not None
+            loop.complete_step(step, busy[k] + time.perf_counter() - start)
+            busy[k] += time.perf_counter() - start
+    results = []
+    for loop, elapsed in zip(loops, busy, strict=True):
+        decode_ms = [1000 * s.latency_s for s in loop.steps if s.num_prefill_tokens == 0]
+        results.append(
+            {
+                "tok_s": batch * output_tokens / elapsed,
+                "decode_step_ms_p50": statistics.median(decode_ms),
+                "wall_s": elapsed,
+            }
         )
-    start = time.perf_counter()
-    while loop.has_work:
-        step = loop.begin_step(time.perf_counter() - start)
-        assert step is not None
-        loop.complete_step(step, time.perf_counter() - start)
-    elapsed = time.perf_counter() - start
-    decode_ms = [1000 * s.latency_s for s in loop.steps if s.num_prefill_tokens == 0]
-    return {
-        "tok_s": batch * output_tokens / elapsed,
-        "decode_step_ms_p50": statistics.median(decode_ms),
-        "wall_s": elapsed,
-    }
+    return results
 
 
 def projections_ms(model: torch.nn.Module, repeats: int = 15) -> float:
@@ -156,23 +172,21 @@ def main() -> None:
     weight_bytes = engine.loaded.weight_bytes
     roofline_ms = weight_bytes / bandwidth / 1e6
     matmul_ms = projections_ms(engine.loaded.model)
-    for warm in (engine, plain):
-        if warm is not None:
-            run_batch(warm, 2, args.prompt_tokens, 8, first_id=1_000_000)
+    engines = [engine] if plain is None else [engine, plain]
+    run_batches(engines, 2, args.prompt_tokens, 8, first_id=1_000_000)  # warm-up
     native: dict[int, dict[str, float]] = {}
     transformers: dict[int, dict[str, float]] = {}
     for i, batch in enumerate(batches):
-        native[batch] = run_batch(
-            engine, batch, args.prompt_tokens, args.output_tokens, first_id=i * 10_000
+        results = run_batches(
+            engines, batch, args.prompt_tokens, args.output_tokens, first_id=i * 10_000
         )
+        native[batch] = results[0]
         print(
             f"native B={batch}: {native[batch]['tok_s']:.1f} tok/s, decode step "
             f"{native[batch]['decode_step_ms_p50']:.1f} ms ({engine.forward_path})"
         )
         if plain is not None:
-            transformers[batch] = run_batch(
-                plain, batch, args.prompt_tokens, args.output_tokens, first_id=i * 10_000 + 5000
-            )
+            transformers[batch] = results[1]
             print(
                 f"transformers B={batch}: {transformers[batch]['tok_s']:.1f} tok/s, decode "
                 f"step {transformers[batch]['decode_step_ms_p50']:.1f} ms"
