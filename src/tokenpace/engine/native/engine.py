@@ -1,4 +1,5 @@
-"""The native engine: one transformers forward per step over a flattened mixed batch."""
+"""The native engine: one forward per step over a flattened mixed batch (the fused Llama
+forward where it applies, else the transformers model code)."""
 
 from __future__ import annotations
 
