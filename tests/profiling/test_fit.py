@@ -6,7 +6,7 @@ import pytest
 
 from tokenpace.engine.latency_model import LatencyModel, PrefillChunk
 from tokenpace.engine.profile import load_profile
-from tokenpace.profiling.fit import fit_eq2, fit_prefill
+from tokenpace.profiling.fit import fit_eq2, fit_eq2_discrete, fit_prefill
 from tokenpace.profiling.points import DecodePoint, MixedPoint, PrefillPoint
 
 BATCHES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
@@ -65,3 +65,22 @@ def test_decode_attention_term_is_recovered_and_removed() -> None:
     flat = without_context(points, 8.0)
     assert [p.step_ms for p in flat if p.batch_size == 16] == pytest.approx([72.0] * 3)
     assert fit_decode_attention(points[:1]) == 0.0
+
+
+def test_one_disturbed_point_does_not_move_the_knee() -> None:
+    points = decode_points(40.0, 8, 1.5)
+    disturbed = [
+        DecodePoint(p.batch_size, p.context, p.step_ms * (1.6 if p.batch_size == 12 else 1.0), 0)
+        for p in points
+    ]
+    fit = fit_eq2(disturbed)
+    assert fit.b0 == 8
+    assert fit.alpha_ms == pytest.approx(1.5, rel=0.02)
+    assert fit_eq2_discrete(disturbed).b0 != 8  # plain least squares is pulled off the knee
+
+
+def test_a_knee_between_measured_batches_is_found() -> None:
+    fit = fit_eq2(decode_points(20.0, 10, 0.8))
+    assert fit.b0 == 10
+    assert fit.l_min_ms == pytest.approx(20.0)
+    assert fit_eq2_discrete(decode_points(20.0, 10, 0.8)).b0 in (8, 12)

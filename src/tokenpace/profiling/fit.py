@@ -39,28 +39,79 @@ class PrefillFit:
         return num_tokens * (self.ms_per_token + self.attention_ms_per_kctx * mean_context / 1000)
 
 
-def fit_eq2(points: Sequence[DecodePoint]) -> Eq2Fit:
-    """Piecewise-linear least squares: for every candidate B0 among the measured batch
-    sizes, solve ``l_min`` and ``alpha`` (alpha >= 0) and keep the B0 with the smallest
-    squared error. A curve that rises from B = 1 yields ``b0 = 1``: no flat region."""
+_HUBER_K = 1.345  # Huber's tuning constant: 95% efficiency on Gaussian noise
+_IRLS_ROUNDS = 4
+_KNEES_PER_BATCH = 4  # knee candidates per unit of batch size
+
+
+def _arrays(points: Sequence[DecodePoint]) -> tuple[np.ndarray, np.ndarray]:
     if len(points) < 3:
         raise ValueError(f"the Eq. 2 fit needs at least 3 decode points, got {len(points)}")
     batch = np.array([p.batch_size for p in points], dtype=float)
     ms = np.array([p.step_ms for p in points], dtype=float)
+    return batch, ms
+
+
+def _hinge(
+    batch: np.ndarray, ms: np.ndarray, weights: np.ndarray, knee: float
+) -> tuple[float, float, np.ndarray]:
+    """Weighted least squares of ``ms = l_min + alpha * max(0, batch - knee)``, alpha >= 0;
+    returns l_min, alpha and the residuals."""
+    hinge = np.maximum(0.0, batch - knee)
+    root = np.sqrt(weights)
+    design = np.column_stack([np.ones_like(batch), hinge]) * root[:, None]
+    (l_min, alpha), *_ = np.linalg.lstsq(design, ms * root, rcond=None)
+    if alpha < 0:
+        l_min, alpha = float(np.average(ms, weights=weights)), 0.0
+    return float(l_min), float(alpha), ms - (l_min + alpha * hinge)
+
+
+def _r2(ms: np.ndarray, residuals: np.ndarray) -> float:
     total = float(np.sum((ms - ms.mean()) ** 2))
+    return 1.0 - float(np.sum(residuals**2)) / total if total > 0 else 1.0
+
+
+def fit_eq2(points: Sequence[DecodePoint]) -> Eq2Fit:
+    """Robust fit of Eq. 2: a hinge whose knee may fall between measured batch sizes,
+    weighted against outlying points.
+
+    The knee is searched on a grid of quarter batch sizes between the smallest and largest
+    measured batch; for each, ``l_min`` and ``alpha`` (>= 0) are weighted least squares.
+    The weights come from iteratively reweighted least squares with Huber's function
+    (points whose residual exceeds 1.345 robust standard deviations, estimated from the
+    median absolute residual, count in proportion to their distance), so one disturbed
+    point cannot move the knee by itself. ``b0`` is the best knee rounded to a whole batch
+    (at least 1); ``l_min`` and ``alpha`` are refitted at that ``b0`` with the final weights.
+    A curve that rises from B = 1 yields ``b0 = 1``: no flat region."""
+    batch, ms = _arrays(points)
+    knees = np.linspace(batch.min(), batch.max(), int(_KNEES_PER_BATCH * np.ptp(batch)) + 1)
+    weights = np.ones_like(ms)
+    floor = 1e-6 * max(1.0, float(np.median(ms)))
+    knee = float(batch.min())
+    for _ in range(_IRLS_ROUNDS):
+        losses = [float(np.sum(weights * _hinge(batch, ms, weights, k)[2] ** 2)) for k in knees]
+        knee = float(knees[int(np.argmin(losses))])
+        residuals = _hinge(batch, ms, weights, knee)[2]
+        scale = max(1.4826 * float(np.median(np.abs(residuals))), floor)
+        weights = np.minimum(1.0, _HUBER_K * scale / np.maximum(np.abs(residuals), floor))
+    b0 = max(1, round(knee))
+    l_min, alpha, _ = _hinge(batch, ms, weights, float(b0))
+    residuals = ms - (l_min + alpha * np.maximum(0.0, batch - b0))
+    return Eq2Fit(l_min, b0, alpha, _r2(ms, residuals))
+
+
+def fit_eq2_discrete(points: Sequence[DecodePoint]) -> Eq2Fit:
+    """The earlier fit, kept to compare run-to-run spread: ordinary least squares with B0
+    restricted to the measured batch sizes (the one with the smallest squared error)."""
+    batch, ms = _arrays(points)
     best: Eq2Fit | None = None
     best_sse = float("inf")
     for b0 in sorted({p.batch_size for p in points}):
-        hinge = np.maximum(0.0, batch - b0)
-        design = np.column_stack([np.ones_like(batch), hinge])
-        (l_min, alpha), *_ = np.linalg.lstsq(design, ms, rcond=None)
-        if alpha < 0:
-            l_min, alpha = float(ms.mean()), 0.0
-        sse = float(np.sum((ms - (l_min + alpha * hinge)) ** 2))
+        l_min, alpha, residuals = _hinge(batch, ms, np.ones_like(ms), float(b0))
+        sse = float(np.sum(residuals**2))
         if sse < best_sse - 1e-12:
             best_sse = sse
-            r2 = 1.0 - sse / total if total > 0 else 1.0
-            best = Eq2Fit(float(l_min), int(b0), float(alpha), r2)
+            best = Eq2Fit(l_min, int(b0), alpha, _r2(ms, residuals))
     assert best is not None
     return best
 

@@ -50,6 +50,7 @@ def run_profile(
     out_path: Path,
     *,
     engine_config: object | None = None,
+    engine: object | None = None,
     sweep: SweepConfig | VllmSweepConfig | None = None,
     plot_path: Path | None = None,
     measure_checkpoints: bool = True,
@@ -60,9 +61,11 @@ def run_profile(
     ``out_path`` (loadable by ``load_profile``) and the fit figure to ``plot_path``
     (default: ``out_path`` with suffix ``.png``). ``engine_config`` is a
     ``NativeEngineConfig`` (default: the embedded SmolLM2 in float32, 2 threads) or a
-    ``VllmEngineConfig`` (default: ``vllm_sweep.profile_engine_config()``), ``sweep`` a
-    ``SweepConfig`` or a ``VllmSweepConfig`` to match. ``measure_checkpoints`` times a load
-    from every checkpoint tier (the GGUF dequantisation takes tens of seconds; native only).
+    ``VllmEngineConfig`` (default: ``vllm_sweep.profile_engine_config()``); ``engine`` an
+    already loaded ``NativeEngine`` to profile instead of loading one (native only; its own
+    config applies), ``sweep`` a ``SweepConfig`` or a ``VllmSweepConfig`` to match.
+    ``measure_checkpoints`` times a load from every checkpoint tier (the GGUF
+    dequantisation takes tens of seconds; native only).
     Raises ValueError for an unknown engine name, TypeError for a config of another engine."""
     if engine_name not in ENGINES:
         raise ValueError(f"cannot profile engine {engine_name!r}; valid: {', '.join(ENGINES)}")
@@ -79,15 +82,18 @@ def run_profile(
         time_prefill,
     )
 
-    config = engine_config if engine_config is not None else NativeEngineConfig()
+    if engine is not None and not isinstance(engine, NativeEngine):
+        raise TypeError(f"engine must be a NativeEngine, got {type(engine).__name__}")
+    config = engine.config if engine is not None else engine_config or NativeEngineConfig()
     if not isinstance(config, NativeEngineConfig):
         raise TypeError(f"engine_config must be a NativeEngineConfig, got {type(config).__name__}")
     sweep = sweep if sweep is not None else SweepConfig()
     if not isinstance(sweep, SweepConfig):
         raise TypeError(f"sweep must be a SweepConfig, got {type(sweep).__name__}")
 
-    log(f"loading {config.model} ({config.dtype})")
-    engine = NativeEngine.load(config, clock=clock, rng=np.random.default_rng(0))
+    if engine is None:
+        log(f"loading {config.model} ({config.dtype})")
+        engine = NativeEngine.load(config, clock=clock, rng=np.random.default_rng(0))
     loaded = engine.loaded
     checkpoint_bytes = sum(f.stat().st_size for f in loaded.checkpoint_dir.glob("*.safetensors"))
     bandwidth = measure_read_bandwidth_gb_s(loaded.device, clock)

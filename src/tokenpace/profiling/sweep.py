@@ -145,10 +145,13 @@ def time_mixed(engine: NativeEngine, config: SweepConfig) -> MixedPoint:
 
 
 def measure_read_bandwidth_gb_s(
-    device: torch.device, clock: Clock = time.perf_counter, num_bytes: int = 1 << 28
+    device: torch.device, clock: Clock = time.perf_counter, num_bytes: int | None = None
 ) -> float:
     """Memory read bandwidth (1e9 bytes/s) with torch's current threads: best of five sums
-    over a ``num_bytes`` float32 buffer (far larger than the caches)."""
+    over a ``num_bytes`` float32 buffer (default 256 MiB on CPU, 2 GiB on CUDA: far larger
+    than the caches, and long enough that a GPU's launch and sync costs do not count)."""
+    if num_bytes is None:
+        num_bytes = 1 << 31 if device.type == "cuda" else 1 << 28
     data = torch.ones(num_bytes // 4, dtype=torch.float32, device=device)
     best = float("inf")
     for _ in range(5):

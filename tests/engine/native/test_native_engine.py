@@ -66,6 +66,19 @@ def test_batched_greedy_equals_generate(
         assert request.output_token_ids == reference, f"request {request.request_id}"
     assert engine.num_free_blocks == engine.num_total_blocks
     assert engine.num_active_slots == 0
+    assert engine.forward_path == "fused"
+
+
+def test_transformers_forward_path_equals_generate(
+    make_engine: EngineFactory, prompt_ids: list[list[int]], references: list[list[int]]
+) -> None:
+    engine = make_engine(dtype="float32", fused_forward=False)
+    assert engine.forward_path == "transformers"
+    loop = StepLoop(VllmDefaultPolicy(VllmDefaultConfig(max_num_batched_tokens=48)), engine)
+    requests = [make_request(i, ids) for i, ids in enumerate(prompt_ids)]
+    run(loop, requests)
+    for request, reference in zip(requests, references, strict=True):
+        assert request.output_token_ids == reference, f"request {request.request_id}"
 
 
 def test_preemption_recomputes_exactly(

@@ -44,14 +44,23 @@ def test_malformed_number_names_the_variable() -> None:
 
 @pytest.mark.parametrize(
     ("version", "ok"),
-    [("0.32.0", True), ("0.32.3+cpu", True), ("0.31.9", False), ("0.33.0", False), ("1", False)],
+    [
+        ("0.32.0", True),
+        ("0.32.3+cpu", True),
+        ("0.33.0", True),
+        ("0.31.9", False),
+        ("0.34.0", False),
+        ("1", False),
+    ],
 )
 def test_supported_versions(version: str, ok: bool) -> None:
     assert is_supported(version) is ok
 
 
 def test_unsupported_version_fails_with_one_sentence() -> None:
-    with pytest.raises(UnsupportedVllmError, match=r"supports vLLM 0\.32\.x; found 0\.9\.2"):
+    with pytest.raises(
+        UnsupportedVllmError, match=r"supports vLLM 0\.32\.x, 0\.33\.x; found 0\.9\.2"
+    ):
         require_supported_vllm("0.9.2")
 
 

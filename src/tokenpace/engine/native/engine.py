@@ -1,4 +1,5 @@
-"""The native engine: one transformers forward per step over a flattened mixed batch."""
+"""The native engine: one forward per step over a flattened mixed batch (the fused Llama
+forward where it applies, else the transformers model code)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from tokenpace.engine.kv_blocks import BlockAccountant, BlockAccountedEngine
 from tokenpace.engine.native import attention
 from tokenpace.engine.native.attention import LAYOUT_KWARG, PrefillSpan, StepLayout
 from tokenpace.engine.native.config import NativeEngineConfig
+from tokenpace.engine.native.fused_forward import FusedForward, unsupported_reason
 from tokenpace.engine.native.kv_cache import KVShape, SlotKVCache
+from tokenpace.engine.native.linear_kernels import UpcastLinear, measure_upcast_min_rows
 from tokenpace.engine.native.loading import LoadedModel, load_model
 from tokenpace.engine.native.sampler import sample
 from tokenpace.engine.native.stopping import should_stop
@@ -53,6 +56,13 @@ class NativeEngine(BlockAccountedEngine):
         self._base_seed = int(rng.integers(0, 2**62))
         self._model = loaded.model
         self._model.set_attn_implementation(attention.register())
+        self._fused: FusedForward | None = None
+        self.upcast_min_rows: int | None = None
+        if config.fused_forward and unsupported_reason(self._model) is None:
+            # The first layer's gate projection: the largest kind of product in a layer.
+            probe = self._model.model.layers[0].mlp.gate_proj.weight
+            self.upcast_min_rows = self._choose_upcast(probe)
+            self._fused = FusedForward(self._model, UpcastLinear(self.upcast_min_rows))
         model_config = self._model.config
         head_dim = getattr(model_config, "head_dim", None) or (
             model_config.hidden_size // model_config.num_attention_heads
@@ -76,6 +86,21 @@ class NativeEngine(BlockAccountedEngine):
         """Load ``config.model`` (see ``load_model``) and build the engine on it."""
         loaded = load_model(config, clock)
         return cls(loaded, config, clock, rng if rng is not None else np.random.default_rng(0))
+
+    def _choose_upcast(self, weight: torch.Tensor) -> int | None:
+        """From how many step tokens projections run in float32 (None: never): the
+        configured value, else measured on this CPU for reduced-precision weights."""
+        setting = self.config.upcast_min_tokens
+        if setting >= 0:
+            return setting or None
+        if self.loaded.device.type != "cpu" or weight.dtype == torch.float32:
+            return None
+        return measure_upcast_min_rows(weight, self._clock)
+
+    @property
+    def forward_path(self) -> str:
+        """``"fused"`` (see ``fused_forward``) or ``"transformers"`` (the model's own code)."""
+        return "fused" if self._fused is not None else "transformers"
 
     @property
     def tokenizer(self) -> Any:
@@ -214,6 +239,15 @@ class NativeEngine(BlockAccountedEngine):
     ) -> torch.Tensor:
         """Logits ``[len(sample_rows), vocab]`` (float32, CPU) at the given flattened rows."""
         device = self.loaded.device
+        if self._fused is not None:
+            with torch.inference_mode():
+                fused = self._fused(
+                    torch.tensor(token_ids, dtype=torch.long, device=device),
+                    torch.tensor(positions, dtype=torch.long, device=device),
+                    torch.tensor(sample_rows, dtype=torch.long, device=device),
+                    layout,
+                )
+            return fused.float().cpu()
         with torch.inference_mode():
             out = self._model(
                 input_ids=torch.tensor([token_ids], dtype=torch.long, device=device),
@@ -232,6 +266,11 @@ def _ensure_prompt_ids(request: Request, tokenizer: Any) -> None:
     that length (workloads count prompt tokens with their own tokenizer), or synthetic ids."""
     n = request.num_prompt_tokens
     if request.prompt_token_ids is None:
+        if request.prompt is not None and tokenizer is None:
+            raise ValueError(
+                f"request {request.request_id}: this model has no tokenizer (random weights); "
+                "give prompt token ids or a length only"
+            )
         ids = list(tokenizer.encode(request.prompt)) if request.prompt is not None else []
         ids = ids[:n]
         ids += [

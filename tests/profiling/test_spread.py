@@ -1,0 +1,44 @@
+"""Run-to-run spread of the Eq. 2 fits on a tiny random Llama."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch", reason="the native engine needs the native extra")
+pytest.importorskip("transformers", reason="the native engine needs the native extra")
+
+from tokenpace.engine.native import NativeEngine, NativeEngineConfig
+from tokenpace.profiling.fit import Eq2Fit
+from tokenpace.profiling.spread import FITS, spread, sweep_fits
+from tokenpace.profiling.sweep import SweepConfig
+
+
+def test_spread_is_min_and_max_per_fit() -> None:
+    runs = [
+        {"robust": Eq2Fit(10.0, 4, 1.0, 0.9), "discrete": Eq2Fit(11.0, 2, 1.5, 0.9)},
+        {"robust": Eq2Fit(12.0, 5, 0.5, 0.9), "discrete": Eq2Fit(9.0, 8, 2.0, 0.9)},
+    ]
+    result = spread(runs)
+    assert result["robust"] == {"l_min_ms": [10.0, 12.0], "alpha_ms": [0.5, 1.0], "b0": [4, 5]}
+    assert result["discrete"]["b0"] == [2, 8]
+
+
+@pytest.mark.native
+def test_one_sweep_is_fitted_both_ways() -> None:
+    config = NativeEngineConfig(model="random:tiny-llama", device="cpu", num_threads=1)
+    engine = NativeEngine.load(config, rng=np.random.default_rng(0))
+    sweep = SweepConfig(
+        batch_sizes=(1, 2, 4, 8),
+        decode_context=16,
+        context_lengths=(16, 64),
+        context_batch_sizes=(1, 2),
+        steps_per_point=2,
+        warmup_steps=1,
+    )
+    fits = sweep_fits(engine, sweep)
+    assert set(fits) == set(FITS)
+    for fit in fits.values():
+        assert fit.l_min_ms > 0
+        assert 1 <= fit.b0 <= 8
+    assert engine.num_active_slots == 0
