@@ -41,6 +41,7 @@ from tokenpace.workload.main_experiment import (
     PAPER_PROMPT_LENGTHS,
     PoissonWorkload,
 )
+from tokenpace.workload.spec import with_known_lengths
 
 REFERENCE_PROFILE = "v100-llama-3.2-3b"
 SCHEDULERS = ("twp", "fcfs", "priority", "dynamic_batch", "vllm_default")
@@ -104,7 +105,8 @@ def run_schedulers(
         duration_s=2 * config.max_requests / rate,
         max_requests=config.max_requests,
     )
-    specs = workload.generate(np.random.default_rng(config.seed))
+    # Real engines stop requests through max_tokens (ignore_eos), so it carries the true length.
+    specs = with_known_lengths(workload.generate(np.random.default_rng(config.seed)))
     runs: dict[str, dict[str, Any]] = {}
     for name in config.schedulers:
         policy = build_policy(name, profile, config.slo)
