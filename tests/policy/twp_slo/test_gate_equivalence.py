@@ -47,12 +47,14 @@ class ReferenceTwpSlo(TwpSloPolicy):
         self.kv_guard.update(state.num_total_blocks - state.num_free_blocks, state.num_total_blocks)
         self.window.update(state.last_step_latency_s)
         self._calibrate(state.last_step_latency_s)
+        self.expected.observe(state.running, state.step_index)
         capacity = self.window.capacity()
         prefilling = [r for r in state.running if r.num_output_tokens == 0 or r.is_prefilling]
         budget = self.prefill_budget(len(state.running) - len(prefilling))
         self._budget = float(budget)
         scheduled = {r.request_id: 1 for r in state.running if r not in prefilling}
         budget_left = self._spend(prefilling, budget, scheduled)
+        reservation = self._begin_reservation(state)
         admitted: list[Request] = []
         forced: list[int] = []
         free = state.num_free_blocks
@@ -62,11 +64,17 @@ class ReferenceTwpSlo(TwpSloPolicy):
             forced_positions = np.flatnonzero(waited >= cfg.max_wait_steps)
             for request in waiting.request_at(forced_positions):
                 need = state.blocks_for(request.num_tokens)
-                if need > free:
+                footprint = self._footprint(request, state)
+                idle = not state.running and not admitted
+                if need > free or not (
+                    reservation is None or idle or reservation.admits(footprint)
+                ):
                     break
                 free -= need
                 admitted.append(request)
                 forced.append(request.request_id)
+                if reservation is not None:
+                    reservation.add(footprint)
                 scheduled[request.request_id] = min(
                     request.num_tokens,
                     max(1, budget_left) if cfg.use_prefill_budget else cfg.min_prefill_tokens,
@@ -76,19 +84,25 @@ class ReferenceTwpSlo(TwpSloPolicy):
             skip = set(forced_positions.tolist())
             order = [int(i) for i in np.argsort(-keys, kind="stable") if i not in skip]
             for request in waiting.request_at(order):
-                footprint = state.blocks_for(request.num_prompt_tokens + request.max_tokens)
+                footprint = self._footprint(request, state)
+                need = state.blocks_for(request.num_tokens)
                 has_room = len(state.running) + len(admitted) < capacity
                 has_budget = budget_left > 0 or not cfg.use_prefill_budget
-                if not (has_room and has_budget and self.kv_guard.admits(free, footprint)):
+                idle = not state.running and not admitted
+                fits = self._fits_kv(footprint, need, free, reservation, idle)
+                if not (has_room and has_budget and fits):
                     break
-                free -= state.blocks_for(request.num_tokens)
+                free -= need
                 admitted.append(request)
+                if reservation is not None:
+                    reservation.add(footprint)
                 tokens = min(
                     request.num_tokens,
                     budget_left if cfg.use_prefill_budget else cfg.min_prefill_tokens,
                 )
                 scheduled[request.request_id] = tokens
                 budget_left -= tokens
+        self.expected.admitted(admitted)
         self._num_forced = len(forced)
         self._predicted_ms = self._reference_predict_ms(state, scheduled)
         return StepPlan(
@@ -109,12 +123,12 @@ class ReferenceTwpSlo(TwpSloPolicy):
                 per_step,
             )
         running = state.running
-        mean = (
-            sum(r.max_tokens - r.num_output_tokens for r in running) / len(running)
-            if running
-            else 0.0
+        remaining = self.expected.running_remaining(running)
+        mean = float(remaining.sum()) / len(running) if running else 0.0
+        expected = self.expected.queue_totals(state.waiting)
+        return reference_scores(
+            state.waiting, state.now_s, state.step_index, mean, cfg.base, expected
         )
-        return reference_scores(state.waiting, state.now_s, state.step_index, mean, cfg.base)
 
     def _reference_predict_ms(self, state: StepState, scheduled: Mapping[int, int]) -> float:
         cfg = self.config
