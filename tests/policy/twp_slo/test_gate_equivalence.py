@@ -39,6 +39,42 @@ def reference_keys(
     return keys
 
 
+def reference_deferral_keys(
+    waiting: WaitingQueue,
+    now_s: float,
+    ttft_s: float,
+    step_s: float,
+    per_step: float,
+    backlog: float,
+    excluded: set[int],
+) -> npt.NDArray[np.float64]:
+    """Moore-Hodgson written out: feasible requests in (arrival, position) order, the on-time
+    ones first (3e12 - rank), then the deferred (2e12 - rank), then the rest (-position);
+    each time the newest is late, the largest prompt kept (the latest among equals) goes."""
+    n = len(waiting)
+    prompts = waiting.num_prompt_tokens
+    arrivals = waiting.arrival_s
+    steps = np.ceil(prompts / max(1.0, per_step))
+    slack = ttft_s - (now_s - arrivals) - steps * step_s
+    feasible = [i for i in range(n) if slack[i] >= 0 and i not in excluded]
+    order = sorted(feasible, key=lambda i: (float(arrivals[i]), i))
+    kept: list[int] = []
+    late: set[int] = set()
+    for i in order:
+        kept.append(i)
+        if ttft_s > 1e10:
+            continue
+        total = backlog + sum(int(prompts[j]) for j in kept)
+        if np.ceil(total / max(1.0, per_step)) * step_s > ttft_s - (now_s - arrivals[i]):
+            worst = max(kept, key=lambda j: (int(prompts[j]), order.index(j)))
+            kept.remove(worst)
+            late.add(worst)
+    keys = -np.arange(n, dtype=np.float64)
+    for rank, i in enumerate(order):
+        keys[i] = (2e12 if i in late else 3e12) - rank
+    return keys
+
+
 class ReferenceTwpSlo(TwpSloPolicy):
     """twp_slo keying every waiting request and sorting them all, every step."""
 
@@ -80,8 +116,8 @@ class ReferenceTwpSlo(TwpSloPolicy):
                     max(1, budget_left) if cfg.use_prefill_budget else cfg.min_prefill_tokens,
                 )
                 budget_left = max(0, budget_left - scheduled[request.request_id])
-            keys = self._reference_keys(state, budget)
             skip = set(forced_positions.tolist())
+            keys = self._reference_keys(state, budget, skip)
             order = [int(i) for i in np.argsort(-keys, kind="stable") if i not in skip]
             for request in waiting.request_at(order):
                 footprint = self._footprint(request, state)
@@ -111,17 +147,17 @@ class ReferenceTwpSlo(TwpSloPolicy):
             forced_ids=frozenset(forced),
         )
 
-    def _reference_keys(self, state: StepState, budget: int) -> npt.NDArray[np.float64]:
+    def _reference_keys(
+        self, state: StepState, budget: int, excluded: set[int]
+    ) -> npt.NDArray[np.float64]:
         cfg = self.config
         if cfg.use_deadline_ranking:
             per_step = budget if cfg.use_prefill_budget else cfg.min_prefill_tokens
-            return reference_keys(
-                state.waiting,
-                state.now_s,
-                cfg.ttft_slo_ms / 1000,
-                cfg.itl_target_ms / 1000,
-                per_step,
-            )
+            args = (state.waiting, state.now_s, cfg.ttft_slo_ms / 1000, cfg.itl_target_ms / 1000)
+            if cfg.use_deferral:
+                backlog = sum(r.num_uncomputed_tokens for r in state.running if r.is_prefilling)
+                return reference_deferral_keys(*args, per_step, float(backlog), excluded)
+            return reference_keys(*args, per_step)
         running = state.running
         remaining = self.expected.running_remaining(running)
         mean = float(remaining.sum()) / len(running) if running else 0.0
@@ -213,3 +249,51 @@ def test_a_key_below_the_infeasible_ones_falls_back_to_the_full_sort() -> None:
     assert [r.request_id for r in got] == [0, 1]
     keys = reference_keys(waiting, 100.0, 2.0, 0.08, 64.0)
     assert keys[1] < keys[0]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    snapshot=snapshots(max_waiting=120),
+    ttft_s=st.sampled_from([0.5, 2.0, 3.0, 1e11]),
+    step_s=st.sampled_from([0.0, 0.08, 1.0]),
+    per_step=st.sampled_from([0.5, 16.0, 64.0, 2048.0]),
+    backlog=st.sampled_from([0.0, 100.0, 5000.0]),
+    data=st.data(),
+)
+def test_deferral_order_is_moore_hodgson(
+    snapshot: Snapshot,
+    ttft_s: float,
+    step_s: float,
+    per_step: float,
+    backlog: float,
+    data: st.DataObject,
+) -> None:
+    state = build(snapshot)
+    waiting = state.waiting
+    n = len(waiting)
+    excluded = sorted(data.draw(st.sets(st.integers(0, max(0, n - 1)), max_size=n // 2)))
+    skip = set(excluded)
+    keys = (
+        reference_deferral_keys(waiting, state.now_s, ttft_s, step_s, per_step, backlog, skip)
+        if n
+        else np.empty(0)
+    )
+    want = [int(i) for i in np.argsort(-keys, kind="stable") if i not in skip]
+    got = deadline_order(
+        waiting, state.now_s, ttft_s, step_s, per_step, np.array(excluded, dtype=np.intp), backlog
+    )
+    assert [r.request_id for r in got] == [waiting[i].request_id for i in want]
+
+
+def test_a_long_prompt_that_would_make_two_short_ones_late_is_deferred() -> None:
+    # 100 tokens per 0.1 s step, objective 1 s: the 900-token prompt arrived first, but
+    # serving it first (9 steps) would make both 50-token requests late; deferring it
+    # meets two deadlines instead of one.
+    long, short_a, short_b = request(0, prompt=900), request(1, prompt=50), request(2, prompt=50)
+    long.arrival_s, short_a.arrival_s, short_b.arrival_s = 0.0, 0.01, 0.02
+    waiting = state([long, short_a, short_b]).waiting
+    got = deadline_order(waiting, 0.05, 1.0, 0.1, 100.0, np.empty(0, dtype=np.intp), 0.0)
+    assert [r.request_id for r in got] == [1, 2, 0]
+    # By least slack alone the long prompt goes first.
+    plain = deadline_order(waiting, 0.05, 1.0, 0.1, 100.0, np.empty(0, dtype=np.intp))
+    assert next(r.request_id for r in plain) == 0

@@ -35,6 +35,9 @@ class TwpSloConfig:
     use_deadline_ranking: bool = option(True, "Rank feasible-TTFT requests first (EDF).")
     use_prefill_budget: bool = option(True, "Prefill tokens from ITL headroom, not fixed C.")
     use_profile_window: bool = option(True, "Size the window from the profile (Eq. 2).")
+    use_deferral: bool = option(
+        True, "Overload-aware order: defer the longest prompts that would make others late."
+    )
     use_output_estimate: bool = option(
         True, "Expected output from finished requests, not max_tokens, for KV and ranking."
     )

@@ -241,9 +241,14 @@ class TwpSloPolicy:
         cfg = self.config
         if cfg.use_deadline_ranking:
             per_step = budget if cfg.use_prefill_budget else cfg.min_prefill_tokens
+            backlog = (
+                float(sum(r.num_uncomputed_tokens for r in state.running if r.is_prefilling))
+                if cfg.use_deferral
+                else None
+            )
             return deadline_order(
                 state.waiting, state.now_s, cfg.ttft_slo_ms / 1000, cfg.itl_target_ms / 1000,
-                per_step, excluded,
+                per_step, excluded, backlog,
             )  # fmt: skip
         running = state.running
         mean_remaining = (
@@ -278,6 +283,7 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "twp_slo-no_profile_window": {"use_profile_window": False},
     "twp_slo-no_output_estimate": {"use_output_estimate": False},
     "twp_slo-no_kv_reservation": {"use_kv_reservation": False},
+    "twp_slo-no_deferral": {"use_deferral": False},
 }
 
 
