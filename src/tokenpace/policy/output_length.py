@@ -197,17 +197,18 @@ class OutputLengthEstimator:
     def observe(self, running: Sequence[Request], step_index: int) -> None:
         """Learn from tracked requests no longer in ``running`` that finished (aborted or
         preempted ones teach nothing), start tracking new running ones, refit if due."""
-        present = {r.request_id for r in running}
-        for request_id in [i for i in self._tracked if i not in present]:
-            entry = self._tracked.pop(request_id)
-            request = entry.request
-            if request.status is RequestStatus.FINISHED and (
-                request.finish_reason is not FinishReason.ABORT
-            ):
-                self._learn(request, entry.predicted_total)
-        new = [r for r in running if r.request_id not in self._tracked]
-        if new:
-            self.admitted(new)
+        # A request leaves running finished, aborted or preempted, and its status says so.
+        left = [
+            i for i, e in self._tracked.items() if e.request.status is not RequestStatus.RUNNING
+        ]
+        for request_id in left:
+            self._forget(request_id)
+        if len(self._tracked) != len(running):
+            # Admitted behind the policy's back, or moved away while running: reconcile.
+            present = {r.request_id for r in running}
+            for request_id in [i for i in self._tracked if i not in present]:
+                self._forget(request_id)
+            self.admitted(r for r in running if r.request_id not in self._tracked)
         if self._dirty or (
             self._fitted_step is not None
             and step_index - self._fitted_step >= self.config.refresh_steps
@@ -270,6 +271,15 @@ class OutputLengthEstimator:
             "output_bias_tokens": errors.sum_signed / n,
             "output_spread_tokens": errors.spread,
         }
+
+    def _forget(self, request_id: int) -> None:
+        """Stop tracking a request; learn its length if it finished."""
+        entry = self._tracked.pop(request_id)
+        request = entry.request
+        if request.status is RequestStatus.FINISHED and (
+            request.finish_reason is not FinishReason.ABORT
+        ):
+            self._learn(request, entry.predicted_total)
 
     def _learn(self, request: Request, predicted_total: float) -> None:
         length = len(request.token_times_s)

@@ -90,7 +90,9 @@ class ReferenceTwpSlo(TwpSloPolicy):
         self._budget = float(budget)
         scheduled = {r.request_id: 1 for r in state.running if r not in prefilling}
         budget_left = self._spend(prefilling, budget, scheduled)
-        reservation = self._begin_reservation(state)
+        sizes = np.array([r.num_tokens for r in state.running], dtype=np.float64)
+        final = sizes + self.expected.running_remaining(state.running)
+        reservation = self._begin_reservation(final, state)
         admitted: list[Request] = []
         forced: list[int] = []
         free = state.num_free_blocks

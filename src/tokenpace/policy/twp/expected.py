@@ -48,6 +48,16 @@ class ExpectedOutput:
         prompts = np.fromiter((r.num_prompt_tokens for r in running), dtype=np.int64, count=n)
         produced = np.fromiter((len(r.token_times_s) for r in running), dtype=np.int64, count=n)
         caps = np.fromiter((r.max_tokens for r in running), dtype=np.int64, count=n)
+        return self.remaining_for(prompts, produced, caps)
+
+    def remaining_for(
+        self,
+        prompts: npt.NDArray[np.int64],
+        produced: npt.NDArray[np.int64],
+        caps: npt.NDArray[np.int64],
+    ) -> FloatArray:
+        """Expected remaining output of requests given as columns: prompt tokens, tokens
+        produced and max_tokens."""
         if not self.enabled:
             return (caps - produced).astype(np.float64)
         return self.estimator.remaining(prompts, produced, caps)

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 import numpy as np
 import numpy.typing as npt
 
-from tokenpace.core.request import Request
 from tokenpace.core.step import StepPlan, StepState
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.metrics.slo import Slo
@@ -71,15 +70,28 @@ class TwpPolicy:
         # The token load K_t (expected remaining outputs) and the running requests' tokens
         # this step (schedule_tokens inlined: this runs for every running request every step).
         running = state.running
-        remaining = self.expected.running_remaining(running)
         scheduled: dict[int, int] = {}
         chunk = cfg.chunk_tokens
+        prompts: list[int] = []
+        outputs: list[int] = []
+        caps: list[int] = []
         for r in running:
             num_output = len(r.token_times_s)
-            uncomputed = r.num_prompt_tokens + num_output - r.num_computed_tokens
+            prompt = r.num_prompt_tokens
+            prompts.append(prompt)
+            outputs.append(num_output)
+            caps.append(r.max_tokens)
+            uncomputed = prompt + num_output - r.num_computed_tokens
             scheduled[r.request_id] = uncomputed if uncomputed <= 1 else min(uncomputed, chunk)
+        prompt_col, output_col = (
+            np.array(prompts, dtype=np.int64),
+            np.array(outputs, dtype=np.int64),
+        )
+        remaining = self.expected.remaining_for(
+            prompt_col, output_col, np.array(caps, dtype=np.int64)
+        )
         token_load = float(remaining.sum())
-        reservation = self._begin_reservation(running, remaining, state)
+        reservation = self._begin_reservation(prompt_col + output_col + remaining, state)
         outcome = GateOutcome(token_load=token_load, num_free_blocks=state.num_free_blocks)
         forced_ids: list[int] = []
         waiting = state.waiting
@@ -127,14 +139,14 @@ class TwpPolicy:
         )
 
     def _begin_reservation(
-        self, running: Sequence[Request], remaining: npt.NDArray[np.float64], state: StepState
+        self, final_tokens: npt.NDArray[np.float64], state: StepState
     ) -> KvReservation | None:
-        """The KV reservation for this step (None when switched off)."""
+        """The KV reservation for this step from the running requests' predicted final
+        sizes (tokens); None when switched off."""
         if not self.config.use_kv_reservation:
             return None
-        sizes = np.fromiter((r.num_tokens for r in running), dtype=np.float64, count=len(running))
         self.reservation.begin(
-            sizes + remaining, self.expected.error_tokens, state.num_total_blocks, state.block_size
+            final_tokens, self.expected.error_tokens, state.num_total_blocks, state.block_size
         )
         return self.reservation
 

@@ -82,9 +82,11 @@ class TwpSloPolicy:
         # as this runs for every running request every step) share the prefill budget.
         scheduled: dict[int, int] = {}
         prefilling: list[Request] = []
-        for r in state.running:
-            num_output = len(r.token_times_s)
-            if num_output == 0 or r.num_prompt_tokens + num_output - r.num_computed_tokens > 1:
+        running = state.running
+        prompts = [r.num_prompt_tokens for r in running]
+        outputs = [len(r.token_times_s) for r in running]
+        for r, prompt, num_output in zip(running, prompts, outputs, strict=True):
+            if num_output == 0 or prompt + num_output - r.num_computed_tokens > 1:
                 prefilling.append(r)
             else:
                 scheduled[r.request_id] = 1
@@ -92,7 +94,13 @@ class TwpSloPolicy:
         budget = self.prefill_budget(num_decoding)
         self._budget = float(budget)
         budget_left = self._spend(prefilling, budget, scheduled)
-        reservation = self._begin_reservation(state)
+        prompt_col, output_col = (
+            np.array(prompts, dtype=np.int64),
+            np.array(outputs, dtype=np.int64),
+        )
+        caps = np.array([r.max_tokens for r in running], dtype=np.int64)
+        remaining = self.expected.remaining_for(prompt_col, output_col, caps)
+        reservation = self._begin_reservation(prompt_col + output_col + remaining, state)
 
         admitted: list[Request] = []
         forced: list[int] = []
@@ -163,16 +171,15 @@ class TwpSloPolicy:
             forced_ids=frozenset(forced),
         )
 
-    def _begin_reservation(self, state: StepState) -> KvReservation | None:
-        """This step's KV reservation from the running requests' predicted final sizes;
-        None when switched off (the d_kv guard decides instead)."""
+    def _begin_reservation(
+        self, final_tokens: npt.NDArray[np.float64], state: StepState
+    ) -> KvReservation | None:
+        """This step's KV reservation from the running requests' predicted final sizes
+        (tokens); None when switched off (the d_kv guard decides instead)."""
         if not self.config.use_kv_reservation:
             return None
-        running = state.running
-        sizes = np.fromiter((r.num_tokens for r in running), dtype=np.float64, count=len(running))
-        final = sizes + self.expected.running_remaining(running)
         self.reservation.begin(
-            final, self.expected.error_tokens, state.num_total_blocks, state.block_size
+            final_tokens, self.expected.error_tokens, state.num_total_blocks, state.block_size
         )
         return self.reservation
 
