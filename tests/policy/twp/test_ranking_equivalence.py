@@ -4,6 +4,7 @@ then the gate) is kept here and compared on snapshots full of ties."""
 
 from __future__ import annotations
 
+import math
 from unittest import mock
 
 import numpy as np
@@ -25,12 +26,19 @@ from tokenpace.policy.twp.policy import TwpPolicy
 
 
 def reference_scores(
-    waiting: WaitingQueue, now_s: float, step_index: int, mean_remaining: float, cfg: TwpConfig
+    waiting: WaitingQueue,
+    now_s: float,
+    step_index: int,
+    mean_remaining: float,
+    cfg: TwpConfig,
+    expected: npt.NDArray[np.float64] | None = None,
 ) -> npt.NDArray[np.float64]:
-    """w1 min(1, waited / T_max) + w2 exp(-|L - rbar| / (rbar + 1)) + w3 fairness/max."""
+    """w1 min(1, waited / T_max) + w2 exp(-|L - rbar| / (rbar + 1)) + w3 fairness/max,
+    L being ``expected`` (default max_tokens)."""
+    output = waiting.max_tokens if expected is None else expected
     starvation = np.minimum(1.0, (step_index - waiting.enqueued_step) / cfg.t_max_steps)
-    balance = np.exp(-np.abs(waiting.max_tokens - mean_remaining) / (mean_remaining + 1.0))
-    per_size = (now_s - waiting.arrival_s) / (waiting.num_prompt_tokens + waiting.max_tokens)
+    balance = np.exp(-np.abs(output - mean_remaining) / (mean_remaining + 1.0))
+    per_size = (now_s - waiting.arrival_s) / (waiting.num_prompt_tokens + output)
     top = float(per_size.max())
     fairness = per_size / top if top > 0 else np.zeros_like(per_size)
     scores: npt.NDArray[np.float64] = (
@@ -46,26 +54,41 @@ class ReferenceTwp(TwpPolicy):
         cfg = self.config
         self.kv_guard.update(state.num_total_blocks - state.num_free_blocks, state.num_total_blocks)
         window = self.window.update(state.last_step_latency_s, len(state.waiting))
-        remaining = [r.max_tokens - r.num_output_tokens for r in state.running]
-        load = float(sum(remaining))
+        self.expected.observe(state.running, state.step_index)
+        remaining = self.expected.running_remaining(state.running)
+        load = float(remaining.sum())
+        sizes = np.array([r.num_tokens for r in state.running], dtype=np.float64)
+        reservation = self._begin_reservation(sizes + remaining, state)
         outcome = GateOutcome(token_load=load, num_free_blocks=state.num_free_blocks)
         forced_ids: list[int] = []
         waiting = state.waiting
         if len(waiting):
-            mean = load / len(remaining) if remaining else 0.0
-            scores = reference_scores(waiting, state.now_s, state.step_index, mean, cfg)
+            mean = load / len(remaining) if len(remaining) else 0.0
+            expected = self.expected.queue_totals(waiting)
+            scores = reference_scores(waiting, state.now_s, state.step_index, mean, cfg, expected)
             forced = np.flatnonzero(state.step_index - waiting.enqueued_step >= cfg.t_max_steps)
             for request in waiting.request_at(forced):
                 need = state.blocks_for(request.num_tokens)
-                if need > outcome.num_free_blocks:
+                expected_left = self.expected.remaining_of(request)
+                final = state.blocks_for(math.ceil(request.num_tokens + expected_left))
+                idle = load == 0 and not outcome.admitted
+                if need > outcome.num_free_blocks or not (
+                    reservation is None or idle or reservation.admits(final)
+                ):
                     break
                 outcome.admitted.append(request)
-                outcome.token_load += request.remaining_output_tokens
+                outcome.token_load += expected_left
                 outcome.num_free_blocks -= need
+                if reservation is not None:
+                    reservation.add(final)
                 forced_ids.append(request.request_id)
             skip = set(forced.tolist())
             order = [int(i) for i in np.argsort(-scores, kind="stable") if i not in skip]
-            run_gate(waiting.request_at(order), outcome, window, self.kv_guard, state.block_size)
+            run_gate(
+                waiting.request_at(order), outcome, window, self.kv_guard, state.block_size,
+                self.expected.remaining_of, reservation,
+            )  # fmt: skip
+        self.expected.admitted(outcome.admitted)
         self._token_load = outcome.token_load
         self._num_forced = len(forced_ids)
         return StepPlan(

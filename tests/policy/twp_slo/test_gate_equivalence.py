@@ -39,6 +39,42 @@ def reference_keys(
     return keys
 
 
+def reference_deferral_keys(
+    waiting: WaitingQueue,
+    now_s: float,
+    ttft_s: float,
+    step_s: float,
+    per_step: float,
+    backlog: float,
+    excluded: set[int],
+) -> npt.NDArray[np.float64]:
+    """Moore-Hodgson written out: feasible requests in (arrival, position) order, the on-time
+    ones first (3e12 - rank), then the deferred (2e12 - rank), then the rest (-position);
+    each time the newest is late, the largest prompt kept (the latest among equals) goes."""
+    n = len(waiting)
+    prompts = waiting.num_prompt_tokens
+    arrivals = waiting.arrival_s
+    steps = np.ceil(prompts / max(1.0, per_step))
+    slack = ttft_s - (now_s - arrivals) - steps * step_s
+    feasible = [i for i in range(n) if slack[i] >= 0 and i not in excluded]
+    order = sorted(feasible, key=lambda i: (float(arrivals[i]), i))
+    kept: list[int] = []
+    late: set[int] = set()
+    for i in order:
+        kept.append(i)
+        if ttft_s > 1e10:
+            continue
+        total = backlog + sum(int(prompts[j]) for j in kept)
+        if np.ceil(total / max(1.0, per_step)) * step_s > ttft_s - (now_s - arrivals[i]):
+            worst = max(kept, key=lambda j: (int(prompts[j]), order.index(j)))
+            kept.remove(worst)
+            late.add(worst)
+    keys = -np.arange(n, dtype=np.float64)
+    for rank, i in enumerate(order):
+        keys[i] = (2e12 if i in late else 3e12) - rank
+    return keys
+
+
 class ReferenceTwpSlo(TwpSloPolicy):
     """twp_slo keying every waiting request and sorting them all, every step."""
 
@@ -47,12 +83,16 @@ class ReferenceTwpSlo(TwpSloPolicy):
         self.kv_guard.update(state.num_total_blocks - state.num_free_blocks, state.num_total_blocks)
         self.window.update(state.last_step_latency_s)
         self._calibrate(state.last_step_latency_s)
+        self.expected.observe(state.running, state.step_index)
         capacity = self.window.capacity()
         prefilling = [r for r in state.running if r.num_output_tokens == 0 or r.is_prefilling]
         budget = self.prefill_budget(len(state.running) - len(prefilling))
         self._budget = float(budget)
         scheduled = {r.request_id: 1 for r in state.running if r not in prefilling}
         budget_left = self._spend(prefilling, budget, scheduled)
+        sizes = np.array([r.num_tokens for r in state.running], dtype=np.float64)
+        final = sizes + self.expected.running_remaining(state.running)
+        reservation = self._begin_reservation(final, state)
         admitted: list[Request] = []
         forced: list[int] = []
         free = state.num_free_blocks
@@ -62,33 +102,45 @@ class ReferenceTwpSlo(TwpSloPolicy):
             forced_positions = np.flatnonzero(waited >= cfg.max_wait_steps)
             for request in waiting.request_at(forced_positions):
                 need = state.blocks_for(request.num_tokens)
-                if need > free:
+                footprint = self._footprint(request, state)
+                idle = not state.running and not admitted
+                if need > free or not (
+                    reservation is None or idle or reservation.admits(footprint)
+                ):
                     break
                 free -= need
                 admitted.append(request)
                 forced.append(request.request_id)
+                if reservation is not None:
+                    reservation.add(footprint)
                 scheduled[request.request_id] = min(
                     request.num_tokens,
                     max(1, budget_left) if cfg.use_prefill_budget else cfg.min_prefill_tokens,
                 )
                 budget_left = max(0, budget_left - scheduled[request.request_id])
-            keys = self._reference_keys(state, budget)
             skip = set(forced_positions.tolist())
+            keys = self._reference_keys(state, budget, skip)
             order = [int(i) for i in np.argsort(-keys, kind="stable") if i not in skip]
             for request in waiting.request_at(order):
-                footprint = state.blocks_for(request.num_prompt_tokens + request.max_tokens)
+                footprint = self._footprint(request, state)
+                need = state.blocks_for(request.num_tokens)
                 has_room = len(state.running) + len(admitted) < capacity
                 has_budget = budget_left > 0 or not cfg.use_prefill_budget
-                if not (has_room and has_budget and self.kv_guard.admits(free, footprint)):
+                idle = not state.running and not admitted
+                fits = self._fits_kv(footprint, need, free, reservation, idle)
+                if not (has_room and has_budget and fits):
                     break
-                free -= state.blocks_for(request.num_tokens)
+                free -= need
                 admitted.append(request)
+                if reservation is not None:
+                    reservation.add(footprint)
                 tokens = min(
                     request.num_tokens,
                     budget_left if cfg.use_prefill_budget else cfg.min_prefill_tokens,
                 )
                 scheduled[request.request_id] = tokens
                 budget_left -= tokens
+        self.expected.admitted(admitted)
         self._num_forced = len(forced)
         self._predicted_ms = self._reference_predict_ms(state, scheduled)
         return StepPlan(
@@ -97,24 +149,24 @@ class ReferenceTwpSlo(TwpSloPolicy):
             forced_ids=frozenset(forced),
         )
 
-    def _reference_keys(self, state: StepState, budget: int) -> npt.NDArray[np.float64]:
+    def _reference_keys(
+        self, state: StepState, budget: int, excluded: set[int]
+    ) -> npt.NDArray[np.float64]:
         cfg = self.config
         if cfg.use_deadline_ranking:
             per_step = budget if cfg.use_prefill_budget else cfg.min_prefill_tokens
-            return reference_keys(
-                state.waiting,
-                state.now_s,
-                cfg.ttft_slo_ms / 1000,
-                cfg.itl_target_ms / 1000,
-                per_step,
-            )
+            args = (state.waiting, state.now_s, cfg.ttft_slo_ms / 1000, cfg.itl_target_ms / 1000)
+            if cfg.use_deferral:
+                backlog = sum(r.num_uncomputed_tokens for r in state.running if r.is_prefilling)
+                return reference_deferral_keys(*args, per_step, float(backlog), excluded)
+            return reference_keys(*args, per_step)
         running = state.running
-        mean = (
-            sum(r.max_tokens - r.num_output_tokens for r in running) / len(running)
-            if running
-            else 0.0
+        remaining = self.expected.running_remaining(running)
+        mean = float(remaining.sum()) / len(running) if running else 0.0
+        expected = self.expected.queue_totals(state.waiting)
+        return reference_scores(
+            state.waiting, state.now_s, state.step_index, mean, cfg.base, expected
         )
-        return reference_scores(state.waiting, state.now_s, state.step_index, mean, cfg.base)
 
     def _reference_predict_ms(self, state: StepState, scheduled: Mapping[int, int]) -> float:
         cfg = self.config
@@ -199,3 +251,51 @@ def test_a_key_below_the_infeasible_ones_falls_back_to_the_full_sort() -> None:
     assert [r.request_id for r in got] == [0, 1]
     keys = reference_keys(waiting, 100.0, 2.0, 0.08, 64.0)
     assert keys[1] < keys[0]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    snapshot=snapshots(max_waiting=120),
+    ttft_s=st.sampled_from([0.5, 2.0, 3.0, 1e11]),
+    step_s=st.sampled_from([0.0, 0.08, 1.0]),
+    per_step=st.sampled_from([0.5, 16.0, 64.0, 2048.0]),
+    backlog=st.sampled_from([0.0, 100.0, 5000.0]),
+    data=st.data(),
+)
+def test_deferral_order_is_moore_hodgson(
+    snapshot: Snapshot,
+    ttft_s: float,
+    step_s: float,
+    per_step: float,
+    backlog: float,
+    data: st.DataObject,
+) -> None:
+    state = build(snapshot)
+    waiting = state.waiting
+    n = len(waiting)
+    excluded = sorted(data.draw(st.sets(st.integers(0, max(0, n - 1)), max_size=n // 2)))
+    skip = set(excluded)
+    keys = (
+        reference_deferral_keys(waiting, state.now_s, ttft_s, step_s, per_step, backlog, skip)
+        if n
+        else np.empty(0)
+    )
+    want = [int(i) for i in np.argsort(-keys, kind="stable") if i not in skip]
+    got = deadline_order(
+        waiting, state.now_s, ttft_s, step_s, per_step, np.array(excluded, dtype=np.intp), backlog
+    )
+    assert [r.request_id for r in got] == [waiting[i].request_id for i in want]
+
+
+def test_a_long_prompt_that_would_make_two_short_ones_late_is_deferred() -> None:
+    # 100 tokens per 0.1 s step, objective 1 s: the 900-token prompt arrived first, but
+    # serving it first (9 steps) would make both 50-token requests late; deferring it
+    # meets two deadlines instead of one.
+    long, short_a, short_b = request(0, prompt=900), request(1, prompt=50), request(2, prompt=50)
+    long.arrival_s, short_a.arrival_s, short_b.arrival_s = 0.0, 0.01, 0.02
+    waiting = state([long, short_a, short_b]).waiting
+    got = deadline_order(waiting, 0.05, 1.0, 0.1, 100.0, np.empty(0, dtype=np.intp), 0.0)
+    assert [r.request_id for r in got] == [1, 2, 0]
+    # By least slack alone the long prompt goes first.
+    plain = deadline_order(waiting, 0.05, 1.0, 0.1, 100.0, np.empty(0, dtype=np.intp))
+    assert next(r.request_id for r in plain) == 0

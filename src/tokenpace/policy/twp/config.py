@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tokenpace.core.config import option, require_positive
 from tokenpace.engine.profile import EngineProfile
+from tokenpace.policy.output_length import OutputLengthConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +47,19 @@ class TwpConfig:
     kv_cap_frac: float = option(0.25, "d_kv ceiling as a fraction of all KV blocks.")
     kv_horizon_steps: float = option(32.0, "Steps of current block consumption d_kv reserves.")
     kv_rate_ema: float = option(0.3, "Weight of the newest step in the block-consumption EMA.")
+    output_lengths: OutputLengthConfig = field(
+        default_factory=OutputLengthConfig,
+        metadata={"help": "How output lengths are learned from finished requests."},
+    )
+    use_output_estimate: bool = option(
+        True, "Expected output from finished requests, not max_tokens, in K_t, gate and rank."
+    )
+    use_kv_reservation: bool = option(
+        True, "Admit only while the batch's predicted KV footprint fits (no recompute)."
+    )
+    # Two standard errors of the sum: the batch's true lengths exceed the margin about 2% of
+    # the time if the errors were independent and normal.
+    kv_margin_sigmas: float = option(2.0, "KV reservation margin, in error spreads of the sum.")
 
     def __post_init__(self) -> None:
         require_positive(
@@ -62,6 +76,10 @@ class TwpConfig:
             "t_max_steps",
             "kv_rate_ema",
         )
+        if self.kv_margin_sigmas < 0:
+            raise ValueError(
+                f"TwpConfig.kv_margin_sigmas must be >= 0, got {self.kv_margin_sigmas}"
+            )
         if not self.gain <= 1:
             raise ValueError(f"TwpConfig.gain must be in (0, 1], got {self.gain}")
         if not self.ema_factor <= 1:

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from tokenpace.core.queue import WaitingQueue
 from tokenpace.core.request import Request
 from tokenpace.policy.twp.kv_guard import KvHeadroomGuard
+from tokenpace.policy.twp.kv_reservation import KvReservation
+
+# Expected remaining output tokens of a request (by default its max_tokens budget left).
+RemainingOf = Callable[[Request], float]
 
 
 @dataclass(slots=True)
@@ -20,6 +25,32 @@ class GateOutcome:
     num_free_blocks: int = 0
     closed_by: Request | None = None
 
+    @property
+    def idle(self) -> bool:
+        """Nothing active and nothing admitted yet: the liveness rule applies."""
+        return self.token_load == 0 and not self.admitted
+
+
+@dataclass(frozen=True, slots=True)
+class QueueMinima:
+    """Lower bounds over the waiting queue: expected remaining output and predicted final
+    size (prompt + output), tokens."""
+
+    remaining: float
+    final_tokens: float
+
+    @staticmethod
+    def of_budgets(waiting: WaitingQueue) -> QueueMinima:
+        """The exact minima when the expected output is the max_tokens budget."""
+        return QueueMinima(
+            float(waiting.remaining_output_tokens.min()),
+            float((waiting.num_prompt_tokens + waiting.max_tokens).min()),
+        )
+
+
+def _budget_left(request: Request) -> float:
+    return float(request.remaining_output_tokens)
+
 
 def run_gate(
     candidates: Iterable[Request],
@@ -27,26 +58,36 @@ def run_gate(
     window: float,
     guard: KvHeadroomGuard,
     block_size: int,
+    remaining_of: RemainingOf = _budget_left,
+    reservation: KvReservation | None = None,
 ) -> GateOutcome:
-    """Admit candidates in rank order while ``K + r <= H`` and the KV guard passes.
+    """Admit candidates in rank order while ``K + r <= H``, the KV guard passes and (when
+    given) the predicted KV footprint fits the ``reservation``.
 
-    ``r`` is the candidate's output budget (max_tokens minus tokens already produced).
+    ``r`` is the candidate's expected remaining output (``remaining_of``; by default
+    max_tokens minus tokens already produced) and its footprint is prompt + produced + r.
     Liveness: when nothing is active (K = 0) and nothing has been admitted, the head
-    candidate passes the window test even if its own budget exceeds H; otherwise a request
-    longer than the window could never start on an idle server. It still needs the KV guard.
+    candidate passes the window and reservation tests even if it exceeds them; otherwise a
+    request longer than the window could never start on an idle server. It still needs the
+    KV guard.
     """
     for request in candidates:
-        remaining = request.remaining_output_tokens
-        footprint = -(-(request.num_prompt_tokens + request.max_tokens) // block_size)
-        fits_window = outcome.token_load + remaining <= window or (
-            outcome.token_load == 0 and not outcome.admitted
+        remaining = remaining_of(request)
+        final = request.num_tokens + remaining
+        footprint = math.ceil(final / block_size)
+        idle = outcome.idle
+        fits_window = outcome.token_load + remaining <= window or idle
+        fits_kv = guard.admits(outcome.num_free_blocks, footprint) and (
+            reservation is None or idle or reservation.admits(footprint)
         )
-        if not (fits_window and guard.admits(outcome.num_free_blocks, footprint)):
+        if not (fits_window and fits_kv):
             outcome.closed_by = request
             return outcome
         outcome.admitted.append(request)
         outcome.token_load += remaining
         outcome.num_free_blocks -= -(-request.num_tokens // block_size)
+        if reservation is not None:
+            reservation.add(footprint)
     return outcome
 
 
@@ -56,16 +97,22 @@ def may_admit_any(
     window: float,
     guard: KvHeadroomGuard,
     block_size: int,
+    minima: QueueMinima | None = None,
+    reservation: KvReservation | None = None,
 ) -> bool:
     """False when no waiting request would pass the gate as the next candidate, so the gate
-    would close at the first one whatever the ranking: the smallest output budget left must
-    fit the window (unless the liveness rule lets the head through) and the smallest KV
-    footprint must pass the guard. Both tests are monotone in the request's figures, so the
-    queue's minima decide them exactly."""
+    would close at the first one whatever the ranking: the smallest expected output must fit
+    the window (unless the liveness rule lets the head through) and the smallest footprint
+    must pass the KV tests. All tests are monotone in the request's figures, so lower
+    bounds of the queue's figures (``minima``; by default the exact minima of the max_tokens
+    budgets) decide them safely: False only when nobody can pass."""
     if not len(waiting):
         return False
-    idle = outcome.token_load == 0 and not outcome.admitted
-    if not idle and outcome.token_load + int(waiting.remaining_output_tokens.min()) > window:
+    bounds = minima if minima is not None else QueueMinima.of_budgets(waiting)
+    idle = outcome.idle
+    if not idle and outcome.token_load + bounds.remaining > window:
         return False
-    smallest = int((waiting.num_prompt_tokens + waiting.max_tokens).min())
-    return guard.admits(outcome.num_free_blocks, -(-smallest // block_size))
+    smallest = math.ceil(bounds.final_tokens / block_size)
+    if reservation is not None and not idle and not reservation.admits(smallest):
+        return False
+    return guard.admits(outcome.num_free_blocks, smallest)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
+
+import numpy as np
+import numpy.typing as npt
 
 from tokenpace.core.step import StepPlan, StepState
 from tokenpace.engine.profile import EngineProfile
@@ -10,8 +14,10 @@ from tokenpace.metrics.slo import Slo
 from tokenpace.policy.base import POLICIES, Policy
 from tokenpace.policy.common import schedule_tokens
 from tokenpace.policy.twp.config import TwpConfig
+from tokenpace.policy.twp.expected import ExpectedOutput
 from tokenpace.policy.twp.gate import GateOutcome, may_admit_any, run_gate
 from tokenpace.policy.twp.kv_guard import KvHeadroomGuard
+from tokenpace.policy.twp.kv_reservation import KvReservation
 from tokenpace.policy.twp.ranking import ranked, starving_positions
 from tokenpace.policy.twp.window import WindowController
 
@@ -22,9 +28,18 @@ class TwpPolicy:
     Per step, in the paper's strict order: (1) monitor: smooth the last step latency,
     update the KV consumption rate; (2) window update (Eq. 3-4, clamped); (3) rank waiting
     requests; (4) force-admit every request that waited T_max steps or more (queue order,
-    exempt from both guards, needing only physical KV room), then scan the ranking through
+    exempt from the window and d_kv, needing physical KV room and, when on, the KV
+    reservation), then scan the ranking through
     the gate, which closes at the first failure; (5) chunked prefill: every request still
     prefilling computes up to C tokens this step; (6) decoding requests compute one token.
+
+    Output lengths: ``max_tokens`` is a loose cap, so K_t, the gate's r and the ranking's
+    L^(r) use the expected output learned from finished requests (``ExpectedOutput``,
+    ``tokenpace.policy.output_length``; the budget before anything finished). KV: besides
+    the paper's d_kv guard, a candidate is admitted only while the batch's predicted
+    footprint (prompt + expected output, with a margin from the estimate's error) fits the
+    cache (``KvReservation``), so running requests are not preempted and recomputed. Each
+    can be switched off (``use_output_estimate``, ``use_kv_reservation``).
 
     Cost with a long queue: when no waiting request could pass the gate (the window is full,
     the usual step under overload) the ranking is skipped, and otherwise ``ranked`` scores
@@ -38,27 +53,45 @@ class TwpPolicy:
         self.config = config
         self.window = WindowController(config)
         self.kv_guard = KvHeadroomGuard(config)
+        self.expected = ExpectedOutput(config.output_lengths, config.use_output_estimate)
+        self.reservation = KvReservation(config.kv_margin_sigmas)
         self._token_load = 0.0
         self._num_forced = 0
 
     def plan(self, state: StepState) -> StepPlan:
         cfg = self.config
-        # (1)-(2) monitor and window update.
+        # (1)-(2) monitor (step latency, KV consumption, finished requests' output lengths)
+        # and window update.
         num_used = state.num_total_blocks - state.num_free_blocks
         self.kv_guard.update(num_used, state.num_total_blocks)
         window = self.window.update(state.last_step_latency_s, len(state.waiting))
+        self.expected.observe(state.running, state.step_index)
 
-        # One pass over the running requests: the token load K_t and their tokens this step
-        # (schedule_tokens inlined: this runs for every running request every step).
+        # The token load K_t (expected remaining outputs) and the running requests' tokens
+        # this step (schedule_tokens inlined: this runs for every running request every step).
+        running = state.running
         scheduled: dict[int, int] = {}
-        load = 0
         chunk = cfg.chunk_tokens
-        for r in state.running:
+        prompts: list[int] = []
+        outputs: list[int] = []
+        caps: list[int] = []
+        for r in running:
             num_output = len(r.token_times_s)
-            load += r.max_tokens - num_output
-            uncomputed = r.num_prompt_tokens + num_output - r.num_computed_tokens
+            prompt = r.num_prompt_tokens
+            prompts.append(prompt)
+            outputs.append(num_output)
+            caps.append(r.max_tokens)
+            uncomputed = prompt + num_output - r.num_computed_tokens
             scheduled[r.request_id] = uncomputed if uncomputed <= 1 else min(uncomputed, chunk)
-        token_load = float(load)
+        prompt_col, output_col = (
+            np.array(prompts, dtype=np.int64),
+            np.array(outputs, dtype=np.int64),
+        )
+        remaining = self.expected.remaining_for(
+            prompt_col, output_col, np.array(caps, dtype=np.int64)
+        )
+        token_load = float(remaining.sum())
+        reservation = self._begin_reservation(prompt_col + output_col + remaining, state)
         outcome = GateOutcome(token_load=token_load, num_free_blocks=state.num_free_blocks)
         forced_ids: list[int] = []
         waiting = state.waiting
@@ -67,22 +100,34 @@ class TwpPolicy:
             forced = starving_positions(waiting, state.step_index, cfg.t_max_steps)
             for request in waiting.request_at(forced):
                 need = state.blocks_for(request.num_tokens)
-                if need > outcome.num_free_blocks:
+                expected = self.expected.remaining_of(request)
+                footprint = state.blocks_for(math.ceil(request.num_tokens + expected))
+                if need > outcome.num_free_blocks or not _reserves(
+                    reservation, footprint, outcome.idle
+                ):
                     break
                 outcome.admitted.append(request)
-                outcome.token_load += request.remaining_output_tokens
+                outcome.token_load += expected
                 outcome.num_free_blocks -= need
+                if reservation is not None:
+                    reservation.add(footprint)
                 forced_ids.append(request.request_id)
             # (3)-(4b) the gate, in rank order, over the rest; ranking is skipped when no
             # candidate could pass, which leaves the decision unchanged.
             if len(forced) < len(waiting) and may_admit_any(
-                waiting, outcome, window, self.kv_guard, state.block_size
-            ):
-                mean_remaining = token_load / len(state.running) if state.running else 0.0
+                waiting, outcome, window, self.kv_guard, state.block_size,
+                self.expected.queue_minima(waiting), reservation,
+            ):  # fmt: skip
+                mean_remaining = token_load / len(running) if running else 0.0
                 candidates = ranked(
-                    waiting, state.now_s, state.step_index, mean_remaining, cfg, forced
-                )
-                run_gate(candidates, outcome, window, self.kv_guard, state.block_size)
+                    waiting, state.now_s, state.step_index, mean_remaining, cfg, forced,
+                    self.expected.queue_totals(waiting),
+                )  # fmt: skip
+                run_gate(
+                    candidates, outcome, window, self.kv_guard, state.block_size,
+                    self.expected.remaining_of, reservation,
+                )  # fmt: skip
+        self.expected.admitted(outcome.admitted)
         self._token_load = outcome.token_load
         self._num_forced = len(forced_ids)
         # (5)-(6) chunked prefill and decode.
@@ -93,6 +138,18 @@ class TwpPolicy:
             forced_ids=frozenset(forced_ids),
         )
 
+    def _begin_reservation(
+        self, final_tokens: npt.NDArray[np.float64], state: StepState
+    ) -> KvReservation | None:
+        """The KV reservation for this step from the running requests' predicted final
+        sizes (tokens); None when switched off."""
+        if not self.config.use_kv_reservation:
+            return None
+        self.reservation.begin(
+            final_tokens, self.expected.error_tokens, state.num_total_blocks, state.block_size
+        )
+        return self.reservation
+
     def telemetry(self) -> Mapping[str, float]:
         return {
             "token_window": self.window.window,
@@ -102,7 +159,15 @@ class TwpPolicy:
             "kv_threshold_blocks": self.kv_guard.threshold_blocks,
             "token_load": self._token_load,
             "num_forced": float(self._num_forced),
+            "kv_reserved_blocks": float(self.reservation.reserved_blocks),
+            "kv_margin_blocks": self.reservation.margin_blocks,
+            **self.expected.telemetry(),
         }
+
+
+def _reserves(reservation: KvReservation | None, footprint: int, idle: bool) -> bool:
+    """The KV reservation test (passed when switched off, or by the liveness rule)."""
+    return reservation is None or idle or reservation.admits(footprint)
 
 
 @POLICIES.register("twp")

@@ -59,9 +59,16 @@ def starving_positions(
     return np.flatnonzero(step_index - enqueued >= t_max_steps)
 
 
-def fairness_per_size(waiting: WaitingQueue, now_s: float) -> npt.NDArray[np.float64]:
-    """Wait time over job size (prompt + max_tokens), seconds per token, every request."""
-    return (now_s - waiting.arrival_s) / (waiting.num_prompt_tokens + waiting.max_tokens)
+Expected = npt.NDArray[np.int64] | npt.NDArray[np.float64]
+
+
+def fairness_per_size(
+    waiting: WaitingQueue, now_s: float, expected: Expected | None = None
+) -> npt.NDArray[np.float64]:
+    """Wait time over job size (prompt + expected output, by default max_tokens), seconds
+    per token, every request."""
+    output = waiting.max_tokens if expected is None else expected
+    return (now_s - waiting.arrival_s) / (waiting.num_prompt_tokens + output)
 
 
 def _scores(
@@ -72,14 +79,16 @@ def _scores(
     mean_remaining: float,
     top: float,
     cfg: TwpConfig,
+    expected: Expected,
 ) -> npt.NDArray[np.float64]:
     """Exact scores of the requests at ``positions``; ``top`` is the queue's largest
-    ``fairness_per_size``."""
+    ``fairness_per_size``; ``expected`` the expected output of every waiting request."""
     steps_waited = step_index - waiting.enqueued_step[positions]
     starvation = np.minimum(1.0, steps_waited / cfg.t_max_steps)
-    balance = token_balance(waiting.max_tokens[positions], mean_remaining)
+    output = expected[positions]
+    balance = token_balance(output, mean_remaining)
     per_size = (now_s - waiting.arrival_s[positions]) / (
-        waiting.num_prompt_tokens[positions] + waiting.max_tokens[positions]
+        waiting.num_prompt_tokens[positions] + output
     )
     fairness = per_size / top if top > 0 else np.zeros_like(per_size)
     scores: npt.NDArray[np.float64] = (
@@ -89,27 +98,33 @@ def _scores(
 
 
 def rank(
-    waiting: WaitingQueue, now_s: float, step_index: int, mean_remaining: float, cfg: TwpConfig
+    waiting: WaitingQueue,
+    now_s: float,
+    step_index: int,
+    mean_remaining: float,
+    cfg: TwpConfig,
+    expected: Expected | None = None,
 ) -> Ranking:
     """Score = w1 min(1, steps waited / T_max) + w2 T(r) + w3 fairness, where fairness is
-    the wait time over job size (prompt + max_tokens), divided by its maximum in the queue.
-    The expected output length L^(r) is the request's max_tokens."""
-    per_size = fairness_per_size(waiting, now_s)
+    the wait time over job size (prompt + L^(r)), divided by its maximum in the queue.
+    The expected output length L^(r) is ``expected`` (tokens, one per waiting request; by
+    default the request's max_tokens)."""
+    output = waiting.max_tokens if expected is None else expected
+    per_size = fairness_per_size(waiting, now_s, output)
     top = float(per_size.max()) if len(per_size) else 0.0
-    scores = _scores(waiting, slice(None), now_s, step_index, mean_remaining, top, cfg)
+    scores = _scores(waiting, slice(None), now_s, step_index, mean_remaining, top, cfg, output)
     return Ranking(forced=starving_positions(waiting, step_index, cfg.t_max_steps), scores=scores)
 
 
-def _largest_balance(waiting: WaitingQueue, mean_remaining: float) -> float:
-    """The largest token balance in the queue: that of the max_tokens nearest rbar."""
-    max_tokens = waiting.max_tokens
-    low, high = int(max_tokens.min()), int(max_tokens.max())
+def _largest_balance(expected: Expected, mean_remaining: float) -> float:
+    """The largest token balance in the queue: that of the expected output nearest rbar."""
+    low, high = expected.min(), expected.max()
     if mean_remaining <= low:
         nearest = low
     elif mean_remaining >= high:
         nearest = high
     else:
-        nearest = int(max_tokens[np.argmin(np.abs(max_tokens - mean_remaining))])
+        nearest = expected[np.argmin(np.abs(expected - mean_remaining))]
     return float(token_balance(np.array([nearest]), mean_remaining)[0])
 
 
@@ -120,6 +135,7 @@ def ranked(
     mean_remaining: float,
     cfg: TwpConfig,
     excluded: npt.NDArray[np.intp],
+    expected: Expected | None = None,
 ) -> Iterator[Request]:
     """Waiting requests other than those at positions ``excluded``, best score first, equal
     scores in queue order: the order of a stable sort of ``rank(...).scores``.
@@ -132,18 +148,19 @@ def ranked(
     num_left = len(waiting) - len(excluded)
     if num_left <= 0:
         return
-    per_size = fairness_per_size(waiting, now_s)
+    output = waiting.max_tokens if expected is None else expected
+    per_size = fairness_per_size(waiting, now_s, output)
     top = float(per_size.max())
     # Upper bound of each score: min(1, x) <= x for starvation, and the balance term is at
     # most the largest balance in the queue. Written for speed; _BOUND_SLACK covers rounding.
     bound = (step_index - waiting.enqueued_step) * (cfg.w_starvation / cfg.t_max_steps)
     if top > 0:
         bound += per_size * (cfg.w_fairness / top)
-    bound += cfg.w_balance * _largest_balance(waiting, mean_remaining) + _BOUND_SLACK
+    bound += cfg.w_balance * _largest_balance(output, mean_remaining) + _BOUND_SLACK
     bound[excluded] = -np.inf
 
     def exact(positions: npt.NDArray[np.intp]) -> npt.NDArray[np.float64]:
-        return _scores(waiting, positions, now_s, step_index, mean_remaining, top, cfg)
+        return _scores(waiting, positions, now_s, step_index, mean_remaining, top, cfg, output)
 
     step = _FIRST_FLOOR_STEP
     floor = float(exact(np.array([int(np.argmax(bound))]))[0]) - step

@@ -1,4 +1,4 @@
-"""Parameters of the SLO-targeted TWP mode; each of its four changes can be switched off."""
+"""Parameters of the SLO-targeted TWP mode; each of its changes can be switched off."""
 
 from __future__ import annotations
 
@@ -35,6 +35,15 @@ class TwpSloConfig:
     use_deadline_ranking: bool = option(True, "Rank feasible-TTFT requests first (EDF).")
     use_prefill_budget: bool = option(True, "Prefill tokens from ITL headroom, not fixed C.")
     use_profile_window: bool = option(True, "Size the window from the profile (Eq. 2).")
+    use_deferral: bool = option(
+        True, "Overload-aware order: defer the longest prompts that would make others late."
+    )
+    use_output_estimate: bool = option(
+        True, "Expected output from finished requests, not max_tokens, for KV and ranking."
+    )
+    use_kv_reservation: bool = option(
+        True, "Admit against the batch's predicted KV footprint instead of the d_kv guard."
+    )
 
     def __post_init__(self) -> None:
         require_positive(

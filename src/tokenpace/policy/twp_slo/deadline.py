@@ -1,13 +1,25 @@
 """Deadline-aware ranking: requests that can still meet the TTFT objective come first.
 
 A waiting request is feasible if its wait so far plus its predicted prefill time (prefill
-steps at the ITL target each) is within the TTFT objective. Feasible requests go in order of
-least slack (earliest deadline first: under a feasible load this meets the most deadlines);
-infeasible ones follow in queue order, so none is dropped and the oldest is served first.
+steps at the ITL target each) is within the TTFT objective. Infeasible ones follow the
+feasible in queue order, so none is dropped and the oldest is served first.
+
+Among the feasible, with ``backlog_tokens`` given (overload-aware order), prefill is seen as
+one machine that computes ``prefill_tokens_per_step`` tokens per step and must first finish
+the running requests' ``backlog_tokens``: a request is on time if the prefill of everything
+before it and its own ends by its deadline (arrival + objective). The order that meets the
+most deadlines on such a machine is Moore and Hodgson's: earliest deadline first (here,
+arrival order: every request has the same objective), and whenever the one just added would
+be late, the longest prompt so far is deferred. On-time requests go first in deadline order,
+then the deferred ones (still feasible alone, in deadline order), then the infeasible.
+Without ``backlog_tokens`` the feasible go by least slack alone, each judged as if it were
+the only one.
 """
 
 from __future__ import annotations
 
+import heapq
+import math
 from collections.abc import Iterator
 
 import numpy as np
@@ -50,6 +62,7 @@ def deadline_order(
     step_s: float,
     prefill_tokens_per_step: float,
     excluded: npt.NDArray[np.intp],
+    backlog_tokens: float | None = None,
 ) -> Iterator[Request]:
     """Waiting requests other than those at positions ``excluded`` in the order of a stable
     sort of ``deadline_keys`` (highest first), computing keys only for requests that can be
@@ -70,6 +83,15 @@ def deadline_order(
     steps = np.ceil(waiting.num_prompt_tokens[maybe] / max(1.0, prefill_tokens_per_step))
     slack = ttft_slo_s - (now_s - waiting.arrival_s[maybe]) - steps * step_s
     feasible = maybe[slack >= 0]
+    if backlog_tokens is not None:
+        on_time, deferred = moore_hodgson(
+            waiting, feasible, now_s, ttft_slo_s, step_s, prefill_tokens_per_step, backlog_tokens
+        )
+        yield from waiting.request_at(on_time)
+        yield from waiting.request_at(deferred)
+        skip[feasible] = True
+        yield from (waiting[int(i)] for i in np.flatnonzero(~skip))
+        return
     keys = _FEASIBLE_OFFSET - slack[slack >= 0] - waiting.max_tokens[feasible] * 1e-9
     if ttft_slo_s > _HUGE_OBJECTIVE_S or (len(keys) and float(keys.min()) <= 0):
         every = deadline_keys(waiting, now_s, ttft_slo_s, step_s, prefill_tokens_per_step)
@@ -79,3 +101,40 @@ def deadline_order(
     yield from (waiting[int(feasible[i])] for i in best_positions(keys, len(keys), _SCAN_LIMIT))
     skip[feasible] = True
     yield from (waiting[int(i)] for i in np.flatnonzero(~skip))
+
+
+def moore_hodgson(
+    waiting: WaitingQueue,
+    feasible: npt.NDArray[np.intp],
+    now_s: float,
+    ttft_slo_s: float,
+    step_s: float,
+    prefill_tokens_per_step: float,
+    backlog_tokens: float,
+) -> tuple[list[int], list[int]]:
+    """Queue positions ``feasible`` split into (on time, deferred), each in deadline order
+    (arrival, then queue position). A request is on time if ceil((backlog + prompts of the
+    on-time requests up to it) / tokens per step) steps of ``step_s`` end by its deadline;
+    when one is late, the longest prompt so far (the latest among equals) is deferred."""
+    order = feasible[np.lexsort((feasible, waiting.arrival_s[feasible]))].tolist()
+    if ttft_slo_s > _HUGE_OBJECTIVE_S:
+        return order, []
+    per_step = max(1.0, prefill_tokens_per_step)
+    prompts = waiting.num_prompt_tokens
+    arrivals = waiting.arrival_s
+    chosen: list[tuple[int, int, int]] = []  # heap of (-prompt, -rank, position)
+    deferred_ranks: list[int] = []
+    total = float(backlog_tokens)
+    for rank, position in enumerate(order):
+        prompt = int(prompts[position])
+        heapq.heappush(chosen, (-prompt, -rank, position))
+        total += prompt
+        deadline = ttft_slo_s - (now_s - float(arrivals[position]))
+        if math.ceil(total / per_step) * step_s > deadline:
+            longest, latest, _ = heapq.heappop(chosen)
+            total += longest
+            deferred_ranks.append(-latest)
+    late = set(deferred_ranks)
+    on_time = [p for r, p in enumerate(order) if r not in late]
+    deferred = [order[r] for r in sorted(late)]
+    return on_time, deferred

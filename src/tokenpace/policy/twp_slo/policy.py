@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from typing import Any
@@ -9,14 +10,15 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from tokenpace.core.queue import WaitingQueue
 from tokenpace.core.request import Request
 from tokenpace.core.step import StepPlan, StepState
 from tokenpace.engine.latency_model import LatencyModel
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.metrics.slo import Slo
 from tokenpace.policy.base import POLICIES, Policy
+from tokenpace.policy.twp.expected import ExpectedOutput
 from tokenpace.policy.twp.kv_guard import KvHeadroomGuard
+from tokenpace.policy.twp.kv_reservation import KvReservation
 from tokenpace.policy.twp.ranking import ranked, starving_positions
 from tokenpace.policy.twp_slo.config import TwpSloConfig
 from tokenpace.policy.twp_slo.deadline import deadline_order
@@ -45,6 +47,8 @@ class TwpSloPolicy:
         self.config = config
         self.window = RequestWindow(config)
         self.kv_guard = KvHeadroomGuard(config.base)
+        self.expected = ExpectedOutput(config.base.output_lengths, config.use_output_estimate)
+        self.reservation = KvReservation(config.base.kv_margin_sigmas)
         self._latency = LatencyModel(profile)
         self._budget = float(config.min_prefill_tokens)
         # EMA of measured / predicted step latency (1 = the profile is exact).
@@ -71,15 +75,18 @@ class TwpSloPolicy:
         self.kv_guard.update(state.num_total_blocks - state.num_free_blocks, state.num_total_blocks)
         self.window.update(state.last_step_latency_s)
         self._calibrate(state.last_step_latency_s)
+        self.expected.observe(state.running, state.step_index)
         capacity = self.window.capacity()
 
         # One pass: decoding requests compute one token; the rest (inlined is_prefilling,
         # as this runs for every running request every step) share the prefill budget.
         scheduled: dict[int, int] = {}
         prefilling: list[Request] = []
-        for r in state.running:
-            num_output = len(r.token_times_s)
-            if num_output == 0 or r.num_prompt_tokens + num_output - r.num_computed_tokens > 1:
+        running = state.running
+        prompts = [r.num_prompt_tokens for r in running]
+        outputs = [len(r.token_times_s) for r in running]
+        for r, prompt, num_output in zip(running, prompts, outputs, strict=True):
+            if num_output == 0 or prompt + num_output - r.num_computed_tokens > 1:
                 prefilling.append(r)
             else:
                 scheduled[r.request_id] = 1
@@ -87,6 +94,13 @@ class TwpSloPolicy:
         budget = self.prefill_budget(num_decoding)
         self._budget = float(budget)
         budget_left = self._spend(prefilling, budget, scheduled)
+        prompt_col, output_col = (
+            np.array(prompts, dtype=np.int64),
+            np.array(outputs, dtype=np.int64),
+        )
+        caps = np.array([r.max_tokens for r in running], dtype=np.int64)
+        remaining = self.expected.remaining_for(prompt_col, output_col, caps)
+        reservation = self._begin_reservation(prompt_col + output_col + remaining, state)
 
         admitted: list[Request] = []
         forced: list[int] = []
@@ -96,11 +110,17 @@ class TwpSloPolicy:
             forced_positions = starving_positions(waiting, state.step_index, cfg.max_wait_steps)
             for request in waiting.request_at(forced_positions):
                 need = state.blocks_for(request.num_tokens)
-                if need > free:
+                footprint = self._footprint(request, state)
+                idle = not state.running and not admitted
+                if need > free or not (
+                    reservation is None or idle or reservation.admits(footprint)
+                ):
                     break
                 free -= need
                 admitted.append(request)
                 forced.append(request.request_id)
+                if reservation is not None:
+                    reservation.add(footprint)
                 scheduled[request.request_id] = min(
                     request.num_tokens,
                     max(1, budget_left) if cfg.use_prefill_budget else cfg.min_prefill_tokens,
@@ -113,24 +133,36 @@ class TwpSloPolicy:
                 len(forced_positions) < len(waiting)
                 and len(state.running) + len(admitted) < capacity
                 and (budget_left > 0 or not cfg.use_prefill_budget)
-                and self.kv_guard.admits(free, state.blocks_for(_smallest_job(waiting)))
-            )
+                and self._fits_kv(
+                    math.ceil(self.expected.queue_minima(waiting).final_tokens / state.block_size),
+                    0, free, reservation, not state.running and not admitted,
+                )
+            )  # fmt: skip
             if may_admit:
                 candidates = self._candidates(state, budget, forced_positions)
                 for request in candidates:
-                    footprint = state.blocks_for(request.num_prompt_tokens + request.max_tokens)
+                    footprint = self._footprint(request, state)
                     has_room = len(state.running) + len(admitted) < capacity
                     has_budget = budget_left > 0 or not cfg.use_prefill_budget
-                    if not (has_room and has_budget and self.kv_guard.admits(free, footprint)):
+                    idle = not state.running and not admitted
+                    need = state.blocks_for(request.num_tokens)
+                    if not (
+                        has_room
+                        and has_budget
+                        and self._fits_kv(footprint, need, free, reservation, idle)
+                    ):
                         break
-                    free -= state.blocks_for(request.num_tokens)
+                    free -= need
                     admitted.append(request)
+                    if reservation is not None:
+                        reservation.add(footprint)
                     tokens = min(
                         request.num_tokens,
                         budget_left if cfg.use_prefill_budget else cfg.min_prefill_tokens,
                     )
                     scheduled[request.request_id] = tokens
                     budget_left -= tokens
+        self.expected.admitted(admitted)
         self._num_forced = len(forced)
         self._predicted_ms = self._predict_ms(num_decoding, prefilling, scheduled)
         return StepPlan(
@@ -138,6 +170,39 @@ class TwpSloPolicy:
             num_scheduled_tokens=scheduled,
             forced_ids=frozenset(forced),
         )
+
+    def _begin_reservation(
+        self, final_tokens: npt.NDArray[np.float64], state: StepState
+    ) -> KvReservation | None:
+        """This step's KV reservation from the running requests' predicted final sizes
+        (tokens); None when switched off (the d_kv guard decides instead)."""
+        if not self.config.use_kv_reservation:
+            return None
+        self.reservation.begin(
+            final_tokens, self.expected.error_tokens, state.num_total_blocks, state.block_size
+        )
+        return self.reservation
+
+    def _footprint(self, request: Request, state: StepState) -> int:
+        """Blocks ``request`` is predicted to hold when it finishes."""
+        return math.ceil(
+            (request.num_tokens + self.expected.remaining_of(request)) / state.block_size
+        )
+
+    def _fits_kv(
+        self,
+        footprint: int,
+        need: int,
+        free: int,
+        reservation: KvReservation | None,
+        idle: bool,
+    ) -> bool:
+        """KV test of a candidate predicted to hold ``footprint`` blocks, needing ``need``
+        now: the reservation (any request on an idle server) and physical room, or the d_kv
+        guard when the reservation is off. Monotone in ``footprint`` and ``need``."""
+        if reservation is None:
+            return self.kv_guard.admits(free, footprint)
+        return need <= free and (idle or reservation.admits(footprint))
 
     def _calibrate(self, step_latency_s: float | None) -> None:
         if step_latency_s is None or not self._predicted_ms:
@@ -183,19 +248,23 @@ class TwpSloPolicy:
         cfg = self.config
         if cfg.use_deadline_ranking:
             per_step = budget if cfg.use_prefill_budget else cfg.min_prefill_tokens
+            backlog = (
+                float(sum(r.num_uncomputed_tokens for r in state.running if r.is_prefilling))
+                if cfg.use_deferral
+                else None
+            )
             return deadline_order(
                 state.waiting, state.now_s, cfg.ttft_slo_ms / 1000, cfg.itl_target_ms / 1000,
-                per_step, excluded,
+                per_step, excluded, backlog,
             )  # fmt: skip
         running = state.running
         mean_remaining = (
-            sum(r.max_tokens - len(r.token_times_s) for r in running) / len(running)
-            if running
-            else 0.0
+            float(self.expected.running_remaining(running).sum()) / len(running) if running else 0.0
         )
         return ranked(
-            state.waiting, state.now_s, state.step_index, mean_remaining, cfg.base, excluded
-        )
+            state.waiting, state.now_s, state.step_index, mean_remaining, cfg.base, excluded,
+            self.expected.queue_totals(state.waiting),
+        )  # fmt: skip
 
     def telemetry(self) -> Mapping[str, float]:
         return {
@@ -207,12 +276,10 @@ class TwpSloPolicy:
             "latency_calibration": self._calibration,
             "kv_threshold_blocks": self.kv_guard.threshold_blocks,
             "num_forced": float(self._num_forced),
+            "kv_reserved_blocks": float(self.reservation.reserved_blocks),
+            "kv_margin_blocks": self.reservation.margin_blocks,
+            **self.expected.telemetry(),
         }
-
-
-def _smallest_job(waiting: WaitingQueue) -> int:
-    """Fewest tokens (prompt + max_tokens) a waiting request can hold."""
-    return int((waiting.num_prompt_tokens + waiting.max_tokens).min())
 
 
 ABLATIONS: dict[str, dict[str, Any]] = {
@@ -221,6 +288,9 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "twp_slo-no_deadline": {"use_deadline_ranking": False},
     "twp_slo-no_prefill_budget": {"use_prefill_budget": False},
     "twp_slo-no_profile_window": {"use_profile_window": False},
+    "twp_slo-no_output_estimate": {"use_output_estimate": False},
+    "twp_slo-no_kv_reservation": {"use_kv_reservation": False},
+    "twp_slo-no_deferral": {"use_deferral": False},
 }
 
 

@@ -1,0 +1,319 @@
+"""Output lengths learned online, for policies that only know a loose ``max_tokens``.
+
+A client's ``max_tokens`` is a cap, not a length: most requests stop earlier on EOS. A policy
+sees a request leave ``running`` and, if it finished, how many tokens it produced; it also
+sees how far every running request has got. From both the estimator fits, per prompt-length
+bucket and pooled over all prompts, the Kaplan-Meier survival curve S(t) = P(L > t) of the
+output length L: finished requests are events at their length, running requests are
+right-censored at the tokens they have produced (they are known to run longer). Censoring
+removes the survivor bias of counting only finished requests, which early in a run are
+mostly the short ones. Only the newest ``window`` finished requests of each curve count, so
+the estimate follows a changing mix.
+
+The expected remaining output of a request that has produced ``o`` tokens under cap ``m``
+is E[min(L, m) - o | L > o] = sum over t in [o, m) of S(t) / S(o). Beyond T, the longest
+length seen (finished or running), S is extrapolated at the average hazard seen so far,
+-ln S(T) / T per token (``extrapolate_tail``; off: the survivors all run to the cap). With
+no finished request, the estimate is ``m - o``: the ``max_tokens`` budget; it is never
+more. A bucket's curve is blended with the pooled one by weight n / (n + ``prior_weight``),
+n being the bucket's finished requests. Units: tokens.
+
+Error report: the expected total output predicted when a request was last admitted (or
+first seen running) against the length it finished with: mean absolute error (tokens),
+mean relative error (absolute error over the true length) and bias (predicted minus true),
+over every finished request; and the spread KV admission uses as its margin, from an
+exponentially weighted mean of squared shortfalls (outputs longer than predicted).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from tokenpace.core.config import option, require_positive
+from tokenpace.core.request import FinishReason, Request, RequestStatus
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, slots=True)
+class OutputLengthConfig:
+    """How output lengths are learned."""
+
+    # Log-spaced: chat, long chat, RAG/code prompts tend to differ in answer length.
+    bucket_edges: tuple[int, ...] = option(
+        (256, 1024, 4096), "Prompt-length bucket edges (tokens): bucket i holds prompts < edge i."
+    )
+    window: int = option(512, "Newest finished requests each curve remembers.")
+    # 32 finished requests: about where a bucket's mean is as trustworthy (standard error
+    # ~ std / 6) as the pooled curve's bias from mixing buckets can be large.
+    prior_weight: float = option(32.0, "Finished requests at which a bucket weighs half.")
+    # The running requests' censoring times move every step; refitting on each finish and
+    # every 16 steps keeps the curve current at a fraction of a per-step refit's cost.
+    refresh_steps: int = option(16, "Steps between refits when nobody finished.")
+    error_ema: float = option(0.05, "Weight of the newest squared shortfall in its EMA.")
+    extrapolate_tail: bool = option(
+        True, "Beyond the longest length seen, survivors finish at the hazard seen so far."
+    )
+
+    def __post_init__(self) -> None:
+        require_positive(self, "window", "prior_weight", "refresh_steps", "error_ema")
+        if list(self.bucket_edges) != sorted(set(self.bucket_edges)) or any(
+            e <= 0 for e in self.bucket_edges
+        ):
+            raise ValueError(
+                f"OutputLengthConfig.bucket_edges must be positive and increasing, got "
+                f"{self.bucket_edges}"
+            )
+        if self.error_ema > 1:
+            raise ValueError(f"OutputLengthConfig.error_ema must be <= 1, got {self.error_ema}")
+
+
+@dataclass(frozen=True, slots=True)
+class SurvivalCurve:
+    """S(t) = P(L > t) on integers: a step function up to ``tail_start`` T (``survival[k]``
+    holds on [``starts[k]``, ``starts[k+1]``), ``area[k]`` is the sum of S(t) for t <
+    ``starts[k]``), then S(T) exp(-h (t - T)) with hazard h = ``tail_hazard`` (h = 0: the
+    survivors all run to the cap)."""
+
+    starts: IntArray
+    survival: FloatArray
+    area: FloatArray
+    tail_start: int
+    tail_hazard: float
+    num_events: int
+
+    @staticmethod
+    def fit(events: IntArray, censored: IntArray, extrapolate: bool = True) -> SurvivalCurve:
+        """Kaplan-Meier: ``events`` are finished lengths, ``censored`` lengths known to be
+        exceeded (a running request with that many tokens out). The curve is known up to T,
+        the longest length seen; with ``extrapolate`` the survivors beyond T then finish at
+        the average hazard seen so far, -ln S(T) / T, else all at the cap."""
+        lengths, counts = np.unique(events, return_counts=True)
+        every = np.sort(np.concatenate((events, censored)))
+        at_risk = len(every) - np.searchsorted(every, lengths, side="left")
+        survival = np.cumprod(1.0 - counts / at_risk)
+        tail_start = int(max(lengths[-1], every[-1]))
+        starts = np.concatenate(([0], lengths, [tail_start])).astype(np.int64)
+        steps = np.concatenate(([1.0], survival, survival[-1:]))
+        area = np.concatenate(([0.0], np.cumsum(steps[:-1] * np.diff(starts))))
+        last = float(survival[-1])
+        hazard = -math.log(last) / tail_start if extrapolate and 0 < last < 1 else 0.0
+        return SurvivalCurve(starts, steps, area, tail_start, hazard, len(events))
+
+    def _at(self, x: IntArray) -> tuple[FloatArray, FloatArray]:
+        """S(x) and the sum of S(t) for t < x."""
+        inside = np.minimum(x, self.tail_start)
+        k = np.searchsorted(self.starts, inside, side="right") - 1
+        s_k = self.survival[k]
+        area = self.area[k] + s_k * (inside - self.starts[k])
+        beyond = np.maximum(x - self.tail_start, 0).astype(np.float64)
+        h = self.tail_hazard
+        if h > 0:
+            area = area + s_k * (-np.expm1(-h * beyond)) / h
+            return s_k * np.exp(-h * beyond), area
+        return s_k, area + s_k * beyond
+
+    def remaining(self, produced: IntArray, cap: IntArray) -> FloatArray:
+        """E[min(L, cap) - produced | L > produced]; ``cap - produced`` where S = 0."""
+        s_o, area_o = self._at(produced)
+        _, area_m = self._at(cap)
+        budget = (cap - produced).astype(np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            expected = np.where(s_o > 0, (area_m - area_o) / s_o, budget)
+        # Rounding only: the sum is within [S(o), (m - o) S(o)].
+        result: FloatArray = np.clip(expected, 1.0, np.maximum(budget, 1.0))
+        return result
+
+
+@dataclass(slots=True)
+class _Tracked:
+    request: Request
+    predicted_total: float
+
+
+@dataclass(slots=True)
+class ErrorStats:
+    """Prediction errors of finished requests (tokens)."""
+
+    count: int = 0
+    sum_abs: float = 0.0
+    sum_rel: float = 0.0
+    sum_signed: float = 0.0
+    shortfall_ema: float = 0.0
+
+    def add(self, predicted: float, actual: int, ema: float) -> None:
+        error = predicted - actual
+        self.count += 1
+        self.sum_abs += abs(error)
+        self.sum_rel += abs(error) / max(1, actual)
+        self.sum_signed += error
+        square = max(0.0, -error) ** 2
+        if self.count == 1:
+            self.shortfall_ema = square
+        else:
+            self.shortfall_ema += ema * (square - self.shortfall_ema)
+
+    @property
+    def spread(self) -> float:
+        """The error's spread as KV admission needs it: sqrt(2 x mean squared shortfall)
+        (outputs longer than predicted), which is the RMS error for symmetric errors and 0
+        while every prediction is an upper bound (the max_tokens budget)."""
+        return math.sqrt(2.0 * self.shortfall_ema)
+
+
+class OutputLengthEstimator:
+    """Learns output lengths from the running requests a policy sees each step.
+
+    Call ``observe(running, step_index)`` at the start of every plan (it learns from the
+    requests that left ``running`` finished) and ``admitted(requests)`` with the requests
+    the plan admits. ``remaining`` then gives expected remaining output tokens (always
+    within [1, max_tokens - produced]).
+    """
+
+    def __init__(self, config: OutputLengthConfig) -> None:
+        self.config = config
+        self.errors = ErrorStats()
+        self._edges = np.array(config.bucket_edges, dtype=np.int64)
+        num_buckets = len(config.bucket_edges) + 1
+        self._events: list[deque[int]] = [deque(maxlen=config.window) for _ in range(num_buckets)]
+        self._pooled: deque[int] = deque(maxlen=config.window)
+        self._tracked: dict[int, _Tracked] = {}
+        self._curves: list[SurvivalCurve | None] = [None] * num_buckets
+        self._pooled_curve: SurvivalCurve | None = None
+        self._dirty = False
+        self._fitted_step: int | None = None
+
+    @property
+    def num_observed(self) -> int:
+        return self.errors.count
+
+    def observe(self, running: Sequence[Request], step_index: int) -> None:
+        """Learn from tracked requests no longer in ``running`` that finished (aborted or
+        preempted ones teach nothing), start tracking new running ones, refit if due."""
+        # A request leaves running finished, aborted or preempted, and its status says so.
+        left = [
+            i for i, e in self._tracked.items() if e.request.status is not RequestStatus.RUNNING
+        ]
+        for request_id in left:
+            self._forget(request_id)
+        if len(self._tracked) != len(running):
+            # Admitted behind the policy's back, or moved away while running: reconcile.
+            present = {r.request_id for r in running}
+            for request_id in [i for i in self._tracked if i not in present]:
+                self._forget(request_id)
+            self.admitted(r for r in running if r.request_id not in self._tracked)
+        if self._dirty or (
+            self._fitted_step is not None
+            and step_index - self._fitted_step >= self.config.refresh_steps
+        ):
+            self._refit(running, step_index)
+
+    def admitted(self, requests: Iterable[Request]) -> None:
+        """Track ``requests`` (just admitted) with their predicted total output."""
+        batch = list(requests)
+        if not batch:
+            return
+        prompts, produced, caps = _columns(batch)
+        totals = produced + self.remaining(prompts, produced, caps)
+        for request, total in zip(batch, totals.tolist(), strict=True):
+            self._tracked[request.request_id] = _Tracked(request, total)
+
+    def remaining(self, prompts: IntArray, produced: IntArray, caps: IntArray) -> FloatArray:
+        """Expected remaining output tokens of requests with these prompt lengths, tokens
+        produced and ``max_tokens`` caps (arrays of equal length)."""
+        budget: FloatArray = np.maximum(caps - produced, 1).astype(np.float64)
+        pooled = self._pooled_curve
+        if pooled is None or not len(prompts):
+            return budget
+        estimate = pooled.remaining(produced, caps)
+        if any(c is not None for c in self._curves):
+            buckets = np.searchsorted(self._edges, prompts, side="right")
+            for b, curve in enumerate(self._curves):
+                if curve is None:
+                    continue
+                rows = np.flatnonzero(buckets == b)
+                if not len(rows):
+                    continue
+                weight = curve.num_events / (curve.num_events + self.config.prior_weight)
+                own = curve.remaining(produced[rows], caps[rows])
+                estimate[rows] = weight * own + (1.0 - weight) * estimate[rows]
+        return estimate
+
+    def remaining_of(self, request: Request) -> float:
+        prompts, produced, caps = _columns([request])
+        return float(self.remaining(prompts, produced, caps)[0])
+
+    def smallest_fresh(self, smallest_cap: int) -> float:
+        """A lower bound of the expected output of any request not yet started whose cap is
+        at least ``smallest_cap``: the estimate is monotone in the cap and a blend lies
+        between its curves."""
+        cap = np.array([smallest_cap], dtype=np.int64)
+        zero = np.zeros(1, dtype=np.int64)
+        if self._pooled_curve is None:
+            return float(smallest_cap)
+        curves = [self._pooled_curve, *(c for c in self._curves if c is not None)]
+        return min(float(c.remaining(zero, cap)[0]) for c in curves)
+
+    def telemetry(self) -> dict[str, float]:
+        errors = self.errors
+        n = max(1, errors.count)
+        return {
+            "output_observed": float(errors.count),
+            "output_mae_tokens": errors.sum_abs / n,
+            "output_mre": errors.sum_rel / n,
+            "output_bias_tokens": errors.sum_signed / n,
+            "output_spread_tokens": errors.spread,
+        }
+
+    def _forget(self, request_id: int) -> None:
+        """Stop tracking a request; learn its length if it finished."""
+        entry = self._tracked.pop(request_id)
+        request = entry.request
+        if request.status is RequestStatus.FINISHED and (
+            request.finish_reason is not FinishReason.ABORT
+        ):
+            self._learn(request, entry.predicted_total)
+
+    def _learn(self, request: Request, predicted_total: float) -> None:
+        length = len(request.token_times_s)
+        if length <= 0:
+            return
+        bucket = int(np.searchsorted(self._edges, request.num_prompt_tokens, side="right"))
+        self._events[bucket].append(length)
+        self._pooled.append(length)
+        self.errors.add(predicted_total, length, self.config.error_ema)
+        self._dirty = True
+
+    def _refit(self, running: Sequence[Request], step_index: int) -> None:
+        self._dirty = False
+        self._fitted_step = step_index
+        if not self._pooled:
+            return
+        prompts, produced, _ = _columns(running)
+        buckets = np.searchsorted(self._edges, prompts, side="right")
+        tail = self.config.extrapolate_tail
+        self._pooled_curve = SurvivalCurve.fit(_array(self._pooled), produced, tail)
+        for b, events in enumerate(self._events):
+            self._curves[b] = (
+                SurvivalCurve.fit(_array(events), produced[buckets == b], tail) if events else None
+            )
+
+
+def _array(values: Iterable[int]) -> IntArray:
+    return np.fromiter(values, dtype=np.int64)
+
+
+def _columns(requests: Sequence[Request]) -> tuple[IntArray, IntArray, IntArray]:
+    """Prompt lengths, tokens produced and max_tokens of ``requests``."""
+    n = len(requests)
+    prompts = np.fromiter((r.num_prompt_tokens for r in requests), dtype=np.int64, count=n)
+    produced = np.fromiter((len(r.token_times_s) for r in requests), dtype=np.int64, count=n)
+    caps = np.fromiter((r.max_tokens for r in requests), dtype=np.int64, count=n)
+    return prompts, produced, caps

@@ -1,0 +1,96 @@
+"""The output lengths TWP plans with: learned estimates, or the max_tokens budgets.
+
+One object per policy. ``observe`` at the start of each plan feeds the estimator with the
+requests that finished since the last plan; the accessors then give, in tokens, expected
+remaining outputs of running requests, of a candidate and of the waiting queue (whole, or
+lower bounds for the gate's skip test). With ``enabled`` False every figure is the
+``max_tokens`` budget, as in the paper (the estimator still learns, so its error is still
+reported).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from tokenpace.core.queue import WaitingQueue
+from tokenpace.core.request import Request
+from tokenpace.policy.output_length import OutputLengthConfig, OutputLengthEstimator
+from tokenpace.policy.twp.gate import QueueMinima
+
+FloatArray = npt.NDArray[np.float64]
+
+
+class ExpectedOutput:
+    """Expected remaining output tokens, learned (``enabled``) or the max_tokens budget."""
+
+    def __init__(self, config: OutputLengthConfig, enabled: bool) -> None:
+        self.enabled = enabled
+        self.estimator = OutputLengthEstimator(config)
+
+    def observe(self, running: Sequence[Request], step_index: int) -> None:
+        self.estimator.observe(running, step_index)
+
+    def admitted(self, requests: Iterable[Request]) -> None:
+        self.estimator.admitted(requests)
+
+    @property
+    def error_tokens(self) -> float:
+        """Spread of one request's output beyond its prediction (``ErrorStats.spread``; 0
+        when planning with budgets, which are never exceeded)."""
+        return self.estimator.errors.spread if self.enabled else 0.0
+
+    def running_remaining(self, running: Sequence[Request]) -> FloatArray:
+        """Expected remaining output of each running request, in order."""
+        n = len(running)
+        prompts = np.fromiter((r.num_prompt_tokens for r in running), dtype=np.int64, count=n)
+        produced = np.fromiter((len(r.token_times_s) for r in running), dtype=np.int64, count=n)
+        caps = np.fromiter((r.max_tokens for r in running), dtype=np.int64, count=n)
+        return self.remaining_for(prompts, produced, caps)
+
+    def remaining_for(
+        self,
+        prompts: npt.NDArray[np.int64],
+        produced: npt.NDArray[np.int64],
+        caps: npt.NDArray[np.int64],
+    ) -> FloatArray:
+        """Expected remaining output of requests given as columns: prompt tokens, tokens
+        produced and max_tokens."""
+        if not self.enabled:
+            return (caps - produced).astype(np.float64)
+        return self.estimator.remaining(prompts, produced, caps)
+
+    def remaining_of(self, request: Request) -> float:
+        if not self.enabled:
+            return float(request.remaining_output_tokens)
+        return self.estimator.remaining_of(request)
+
+    def queue_totals(self, waiting: WaitingQueue) -> npt.NDArray[np.float64] | None:
+        """Expected total output of every waiting request (tokens already streamed plus
+        expected remaining); None when planning with budgets (max_tokens is the total)."""
+        if not self.enabled:
+            return None
+        caps = waiting.max_tokens
+        produced = caps - waiting.remaining_output_tokens
+        return produced + self.estimator.remaining(waiting.num_prompt_tokens, produced, caps)
+
+    def queue_minima(self, waiting: WaitingQueue) -> QueueMinima:
+        """Lower bounds of the queue's expected remaining output and final size."""
+        if not self.enabled:
+            return QueueMinima.of_budgets(waiting)
+        caps = waiting.max_tokens
+        remaining = waiting.remaining_output_tokens
+        lowest = self.estimator.smallest_fresh(int(caps.min()))
+        resumed = np.flatnonzero(remaining < caps)
+        if len(resumed):
+            produced = caps[resumed] - remaining[resumed]
+            own = self.estimator.remaining(
+                waiting.num_prompt_tokens[resumed], produced, caps[resumed]
+            )
+            lowest = min(lowest, float(own.min()))
+        return QueueMinima(lowest, float(waiting.num_prompt_tokens.min()) + lowest)
+
+    def telemetry(self) -> dict[str, float]:
+        return self.estimator.telemetry()

@@ -1,0 +1,140 @@
+"""Output lengths learned from finished requests: Kaplan-Meier with censoring, the max_tokens
+fallback and cap, and the error report."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from tests.helpers import running
+from tokenpace.core.request import FinishReason, Request, RequestStatus
+from tokenpace.engine.profile import EngineProfile
+from tokenpace.metrics.slo import Slo
+from tokenpace.policy import build_policy
+from tokenpace.policy.output_length import (
+    OutputLengthConfig,
+    OutputLengthEstimator,
+    SurvivalCurve,
+)
+from tokenpace.policy.twp.policy import TwpPolicy
+from tokenpace.policy.twp_slo.policy import TwpSloPolicy
+from tokenpace.sim.run import simulate
+from tokenpace.workload.spec import RequestSpec
+
+
+def ints(*values: int) -> np.ndarray:  # type: ignore[type-arg]
+    return np.array(values, dtype=np.int64)
+
+
+def finish(r: Request, length: int) -> None:
+    r.token_times_s = [0.0] * length
+    r.status = RequestStatus.FINISHED
+    r.finish_reason = FinishReason.STOP
+
+
+def test_kaplan_meier_gives_the_conditional_means_of_the_mix() -> None:
+    # 20/50/200 tokens with probabilities 0.5/0.3/0.2: mean 65; a request past 20 tokens is
+    # a 50 (0.6) or a 200 (0.4): 110 in all, 90 more.
+    curve = SurvivalCurve.fit(ints(*[20] * 50, *[50] * 30, *[200] * 20), ints())
+    got = curve.remaining(ints(0, 19, 20, 50, 199), ints(200, 200, 200, 200, 200))
+    assert got == pytest.approx([65, 46, 90, 150, 1])
+    # A tighter cap truncates: E[min(L, 100)] = 0.5 * 20 + 0.3 * 50 + 0.2 * 100 = 45.
+    assert curve.remaining(ints(0), ints(100)) == pytest.approx([45])
+
+
+def test_running_requests_are_censored_not_ignored() -> None:
+    # Half finished at 20 tokens, half still running at 100: counting only the finished
+    # would say 20. With the survivors' tail at the cap the mean is 0.5 * 20 + 0.5 * 200.
+    events, censored = ints(*[20] * 10), ints(*[100] * 10)
+    at_cap = SurvivalCurve.fit(events, censored, extrapolate=False)
+    assert at_cap.remaining(ints(0), ints(200)) == pytest.approx([110])
+    # Extrapolated at the hazard seen so far (ln 2 / 100 per token): still well above 20,
+    # below the cap.
+    extrapolated = SurvivalCurve.fit(events, censored)
+    mean = float(extrapolated.remaining(ints(0), ints(200))[0])
+    assert 60 < mean < 110
+    # Past every length seen the tail is memoryless and never exceeds the budget.
+    late = extrapolated.remaining(ints(150, 199), ints(200, 200))
+    assert late[1] == 1 and 1 < late[0] <= 50
+
+
+def test_estimator_falls_back_to_max_tokens_then_learns_per_bucket() -> None:
+    estimator = OutputLengthEstimator(OutputLengthConfig(bucket_edges=(256,), prior_weight=4))
+    assert estimator.remaining(ints(100), ints(0), ints(200)) == pytest.approx([200])
+    # Short prompts answer in 20 tokens, long ones in 100.
+    batch = [running(i, 100, 200, 1) for i in range(20)]
+    batch += [running(100 + i, 1000, 200, 1) for i in range(20)]
+    estimator.observe(batch, 0)
+    for r in batch:
+        finish(r, 20 if r.num_prompt_tokens == 100 else 100)
+    estimator.observe([], 1)
+    short, long = estimator.remaining(ints(100, 1000), ints(0, 0), ints(200, 200))
+    # Blend n / (n + 4) = 20 / 24 of the bucket with the pooled mean (60).
+    assert short == pytest.approx(20 * 20 / 24 + 60 * 4 / 24)
+    assert long == pytest.approx(100 * 20 / 24 + 60 * 4 / 24)
+    # Within the cap: E[min(L, 30)] is 30 for the long bucket, 25 pooled.
+    capped = estimator.remaining(ints(1000), ints(0), ints(30))
+    assert capped == pytest.approx([30 * 20 / 24 + 25 * 4 / 24])
+    telemetry = estimator.telemetry()
+    assert telemetry["output_observed"] == 40
+    # Every prediction was the 200-token fallback: errors 180 and 100.
+    assert telemetry["output_mae_tokens"] == pytest.approx(140)
+    assert telemetry["output_bias_tokens"] == pytest.approx(140)
+    assert telemetry["output_mre"] == pytest.approx((180 / 20 + 100 / 100) / 2)
+    assert telemetry["output_spread_tokens"] == 0  # upper bounds never fall short
+
+
+def test_preempted_and_aborted_requests_teach_nothing() -> None:
+    estimator = OutputLengthEstimator(OutputLengthConfig())
+    preempted, aborted = running(1, 50, 200, 30), running(2, 50, 200, 40)
+    estimator.observe([preempted, aborted], 0)
+    preempted.status = RequestStatus.WAITING
+    aborted.status = RequestStatus.ABORTED
+    aborted.finish_reason = FinishReason.ABORT
+    estimator.observe([], 1)
+    assert estimator.num_observed == 0
+    assert estimator.remaining(ints(50), ints(0), ints(200)) == pytest.approx([200])
+
+
+def loose_cap_workload() -> list[RequestSpec]:
+    """True outputs 20-120 tokens under a 600-token cap, on a small KV cache."""
+    rng = np.random.default_rng(3)
+    arrivals = np.sort(rng.uniform(0, 10, 100))
+    return [
+        RequestSpec(float(a), int(rng.integers(100, 400)), 600,
+                    output_tokens=int(rng.integers(50, 250)))
+        for a in arrivals
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["twp", "twp_slo"])
+def test_policies_learn_the_output_length_in_a_run(name: str, paper_profile: EngineProfile) -> None:
+    profile = replace(paper_profile, noise_cv=0.0)
+    policy = build_policy(name, profile, Slo())
+    simulate(loose_cap_workload(), policy, profile, np.random.default_rng(1))
+    telemetry = policy.telemetry()
+    assert telemetry["output_observed"] >= 90
+    # True mean 150 under a 600 cap: the learned estimate is far nearer than the cap.
+    assert isinstance(policy, TwpPolicy | TwpSloPolicy)
+    estimate = policy.expected.estimator.remaining(ints(250), ints(0), ints(600))
+    assert 100 < float(estimate[0]) < 250
+
+
+def test_kv_reservation_avoids_recompute_where_vllm_default_preempts(
+    paper_profile: EngineProfile,
+) -> None:
+    profile = replace(paper_profile, num_gpu_blocks=400, noise_cv=0.0)
+    specs = loose_cap_workload()
+
+    def recomputed(name: str) -> int:
+        out = simulate(specs, build_policy(name, profile, Slo()), profile, np.random.default_rng(1))
+        assert all(r.status is RequestStatus.FINISHED for r in out.requests)
+        return sum(r.num_recomputed_tokens for r in out.requests)
+
+    baseline = recomputed("vllm_default")
+    assert baseline > 5000
+    assert recomputed("twp_slo") <= 0.1 * baseline
+    assert recomputed("twp") <= 0.1 * baseline
+    assert recomputed("twp_slo-no_kv_reservation") > recomputed("twp_slo")
