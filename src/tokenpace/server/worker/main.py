@@ -14,6 +14,7 @@ import queue
 import threading
 import time
 import traceback
+from dataclasses import replace
 from multiprocessing.connection import Connection
 
 from tokenpace.server.worker.backend import BACKENDS, Clock, ServingBackend
@@ -115,9 +116,7 @@ def _serve(backend: ServingBackend, conn: Connection, sender: _Sender) -> None:
                 conn.poll(_RETRY_WAIT_S)
             continue
         if finished:
-            report = Report(
-                report.tokens, report.admitted, (*finished, *report.finished), report.load
-            )
+            report = replace(report, finished=(*finished, *report.finished))
         sender.send(report)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+from tokenpace.core.logprobs import TokenLogprob
 from tokenpace.core.request import FinishReason, Request
 from tokenpace.core.sampling import SamplingParams
 from tokenpace.engine.native import NativeEngine, NativeEngineConfig
@@ -29,6 +30,9 @@ class StepLoopBackend:
         self._loop = StepLoop(policy, engine, record_steps=False)
         self._requests: dict[int, Request] = {}
         self._waiting_ids: set[int] = set()
+        # Prompt logprobs gathered chunk by chunk (by prompt position) until the prompt is
+        # whole; a recomputed prefill (after a preemption) overwrites the same positions.
+        self._prompt_logprobs: dict[int, dict[int, TokenLogprob]] = {}
 
     @property
     def profile(self) -> EngineProfile:
@@ -61,6 +65,8 @@ class StepLoopBackend:
                 continue
             self._requests[item.request_id] = request
             self._waiting_ids.add(item.request_id)
+            if item.sampling.prompt_logprobs is not None:
+                self._prompt_logprobs[item.request_id] = {}
         return refused
 
     def abort(self, request_ids: Sequence[int]) -> list[Finished]:
@@ -72,6 +78,7 @@ class StepLoopBackend:
             aborted = self._loop.abort(request_id, now)
             request = self._requests.pop(request_id)
             self._waiting_ids.discard(request_id)
+            self._prompt_logprobs.pop(request_id, None)
             count = (aborted or request).num_output_tokens
             done.append(Finished(request_id, FinishReason.ABORT, count))
         self._loop.finished.clear()
@@ -88,18 +95,48 @@ class StepLoopBackend:
             if admitted:
                 return Report((), admitted, (), self.load_state())
             return None
+        prompt_logprobs = self._gather_prompt_logprobs()
         done = loop.complete_step(step, self._clock())
         loop.finished.clear()
         tokens = []
+        logprobs = []
+        step_logprobs = self._engine.step_logprobs
         for request_id in step.result.sampled_token_ids:
             request = self._requests[request_id]
             tokens.append((request_id, request.output_token_ids[-1], request.token_times_s[-1]))
+            if request_id in step_logprobs:
+                logprobs.append((request_id, step_logprobs[request_id]))
         finished = []
         for request in done:
             self._requests.pop(request.request_id, None)
+            self._prompt_logprobs.pop(request.request_id, None)
             reason = request.finish_reason or FinishReason.LENGTH
             finished.append(Finished(request.request_id, reason, request.num_output_tokens))
-        return Report(tuple(tokens), admitted, tuple(finished), self.load_state())
+        return Report(
+            tuple(tokens),
+            admitted,
+            tuple(finished),
+            self.load_state(),
+            tuple(logprobs),
+            prompt_logprobs,
+        )
+
+    def _gather_prompt_logprobs(self) -> tuple[tuple[int, tuple[TokenLogprob, ...]], ...]:
+        """Fold the last step's prompt logprobs in; return those of prompts now whole
+        (each request's once)."""
+        whole = []
+        for request_id, (start, entries) in self._engine.step_prompt_logprobs.items():
+            gathered = self._prompt_logprobs.get(request_id)
+            if gathered is None:
+                continue
+            for offset, entry in enumerate(entries):
+                gathered[start + offset] = entry
+        for request_id, gathered in list(self._prompt_logprobs.items()):
+            request = self._requests[request_id]
+            if request.num_computed_tokens >= request.num_prompt_tokens:
+                del self._prompt_logprobs[request_id]
+                whole.append((request_id, tuple(gathered[p] for p in sorted(gathered))))
+        return tuple(whole)
 
     def _admitted(self) -> tuple[tuple[int, float], ...]:
         admitted = []

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tokenpace.core.logprobs import TokenLogprob
 from tokenpace.core.request import FinishReason
 from tokenpace.core.sampling import SamplingParams
 from tokenpace.engine.profile import EngineProfile
@@ -121,12 +122,17 @@ class LoadState:
 @dataclass(frozen=True, slots=True)
 class Report:
     """What happened since the last report: tokens ``(request_id, token_id, time_s)``,
-    admissions ``(request_id, admitted_s)``, finished requests, and the load now."""
+    admissions ``(request_id, admitted_s)``, finished requests, and the load now.
+    ``logprobs``: ``(request_id, entry)`` for each token of a request that asked for
+    logprobs, in the order of ``tokens``; ``prompt_logprobs``: ``(request_id, entries)``
+    of prompt positions 1.., sent once, before the request's first token."""
 
     tokens: tuple[tuple[int, int, float], ...]
     admitted: tuple[tuple[int, float], ...]
     finished: tuple[Finished, ...]
     load: LoadState
+    logprobs: tuple[tuple[int, TokenLogprob], ...] = ()
+    prompt_logprobs: tuple[tuple[int, tuple[TokenLogprob, ...]], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
