@@ -34,6 +34,7 @@ from tokenpace.server.events import (
     post_events,
 )
 from tokenpace.server.metrics import ServerMetrics
+from tokenpace.server.worker.dtype_choice import DtypeChoice
 from tokenpace.server.worker.wire import (
     Abort,
     Finished,
@@ -144,6 +145,7 @@ class ServerContainer:
         self._state = ContainerState.COLD
         self._worker: WorkerHandle | None = None
         self._profile: EngineProfile | None = deps.spec.profile
+        self._dtype: str | None = deps.spec.dtype
         self._inflight: dict[int, InFlight] = {}
         self._load = LoadState()
         self._idle_since_s: float | None = None
@@ -299,7 +301,7 @@ class ServerContainer:
         self._deps.on_state_change()
 
     def _spec(self) -> WorkerSpec:
-        return replace(self._deps.spec, profile=self._profile)
+        return replace(self._deps.spec, profile=self._profile, dtype=self._dtype)
 
     def _start_worker(self) -> None:
         """Spawn a worker and wait for it to load (new requests queue meanwhile)."""
@@ -324,6 +326,10 @@ class ServerContainer:
         self._deps.metrics.observe_cold_start(load_s)
         self._worker = worker
         self._profile = ready.profile
+        self._dtype = ready.dtype or None
+        self._deps.metrics.set_engine_dtype(
+            self.container_id, ready.dtype, ready.dtype_batch, ready.dtype_step_ms
+        )
         self.kv_capacity_tokens = ready.kv_capacity_tokens
         self.start_error = None
         with self._cond:
@@ -334,12 +340,13 @@ class ServerContainer:
         self._set_state(ContainerState.WARM)
         self.ready.set()
         logger.info(
-            "container %d: engine process %d (%s) ready in %.1f s "
+            "container %d: engine process %d (%s) ready in %.1f s, %s "
             "(l_min %.1f ms, alpha %.2f ms, B0 %d)",
             self.container_id,
             ready.pid,
             worker.location,
             load_s,
+            DtypeChoice(ready.dtype, ready.dtype_batch, ready.dtype_step_ms).describe(),
             ready.profile.l_min_ms,
             ready.profile.alpha_ms,
             ready.profile.b0,

@@ -83,7 +83,18 @@ def run_worker(spec: WorkerSpec, conn: Connection, clock: Clock = time.perf_coun
         sender.send(Fault(_describe(error)))
         sender.close()
         raise SystemExit(1) from None
-    sender.send(Ready(os.getpid(), clock() - start, backend.profile, backend.kv_capacity_tokens))
+    choice = backend.dtype_choice
+    sender.send(
+        Ready(
+            os.getpid(),
+            clock() - start,
+            backend.profile,
+            backend.kv_capacity_tokens,
+            choice.dtype,
+            choice.batch,
+            choice.step_ms,
+        )
+    )
     try:
         _serve(backend, conn, sender)
     except Exception as error:

@@ -4,27 +4,39 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 
 from tokenpace.core.logprobs import TokenLogprob
 from tokenpace.core.request import FinishReason, Request
 from tokenpace.core.sampling import SamplingParams
+from tokenpace.engine.dtype import AUTO
 from tokenpace.engine.native import NativeEngine, NativeEngineConfig
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.policy import Policy, build_policy
 from tokenpace.policy.fcfs import FcfsPolicy
 from tokenpace.runtime.step_loop import StepLoop
 from tokenpace.server.worker.backend import BACKENDS, Clock
-from tokenpace.server.worker.profile import measure_profile
+from tokenpace.server.worker.dtype_choice import DtypeChoice, choose_dtype
+from tokenpace.server.worker.profile import WARMUP_PROMPT_TOKENS, measure_profile
 from tokenpace.server.worker.wire import Finished, LoadState, Report, WorkerSpec, WorkItem
+
+# Decode steps timed when --dtype auto compares precisions (after one prefill step).
+DTYPE_DECODE_STEPS = 6
 
 
 class StepLoopBackend:
     """A ``StepLoop`` over a loaded engine: the policy plans every step."""
 
     def __init__(
-        self, engine: NativeEngine, profile: EngineProfile, policy: Policy, clock: Clock
+        self,
+        engine: NativeEngine,
+        profile: EngineProfile,
+        policy: Policy,
+        clock: Clock,
+        dtype_choice: DtypeChoice,
     ) -> None:
         self._engine = engine
+        self.dtype_choice = dtype_choice
         self._profile = profile
         self._clock = clock
         self._loop = StepLoop(policy, engine, record_steps=False)
@@ -175,7 +187,7 @@ def build_native(spec: WorkerSpec, clock: Clock) -> StepLoopBackend:
     # Spinning OpenMP workers would starve the other containers sharing these cores.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    engine = NativeEngine.load(config, clock=clock)
+    engine, choice = _load_engine(config, spec, clock)
     profile = spec.profile
     if profile is None:
         profile = measure_profile(
@@ -187,7 +199,35 @@ def build_native(spec: WorkerSpec, clock: Clock) -> StepLoopBackend:
             "the native engine",
         )
     policy = build_policy(spec.policy, profile, spec.slo)
-    return StepLoopBackend(engine, profile, policy, clock)
+    return StepLoopBackend(engine, profile, policy, clock, choice)
+
+
+def _load_engine(
+    config: NativeEngineConfig, spec: WorkerSpec, clock: Clock
+) -> tuple[NativeEngine, DtypeChoice]:
+    """The engine in ``config.dtype``; for ``auto``, in the precision an earlier
+    incarnation chose, else in the one measured fastest at batch B0 (``choose_dtype``)."""
+    batch = spec.calibration.b0
+    if config.dtype != AUTO:
+        return NativeEngine.load(config, clock=clock), DtypeChoice(config.dtype, batch)
+    if spec.dtype is not None:
+        engine = NativeEngine.load(replace(config, dtype=spec.dtype), clock=clock)
+        return engine, DtypeChoice(spec.dtype, batch)
+
+    num_prompt = max(1, min(WARMUP_PROMPT_TOKENS, config.max_model_len // 2))
+    num_output = max(2, min(DTYPE_DECODE_STEPS, config.max_model_len - num_prompt))
+
+    def decode_steps_s(engine: NativeEngine, num_requests: int) -> list[float]:
+        steps = time_batch(engine, clock, num_requests, num_prompt, num_output)
+        return steps[1:]  # the first step is the prefill
+
+    chosen = choose_dtype(
+        lambda dtype: NativeEngine.load(replace(config, dtype=dtype), clock=clock),
+        lambda engine: time_batch(engine, clock, 1, num_prompt, 2),
+        decode_steps_s,
+        batch,
+    )
+    return chosen.engine, chosen.choice
 
 
 def time_batch(

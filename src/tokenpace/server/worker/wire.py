@@ -45,7 +45,8 @@ class Calibration:
 class WorkerSpec:
     """What a worker process needs to build its backend: the engine registry name and its
     config, the policy registry name, the profile measured by an earlier incarnation (None:
-    measure one), where build caches go, and the SLO that SLO-targeted policies aim at."""
+    measure one), where build caches go, the SLO that SLO-targeted policies aim at, and the
+    precision an earlier incarnation chose for ``auto`` (None: choose)."""
 
     engine: str
     engine_config: object
@@ -54,6 +55,7 @@ class WorkerSpec:
     profile: EngineProfile | None = None
     build_dir: Path | None = None
     slo: Slo = field(default_factory=Slo)
+    dtype: str | None = None  # chosen by an earlier incarnation under --dtype auto
 
 
 # -- server -> worker ------------------------------------------------------------------
@@ -88,12 +90,17 @@ Command = Submit | Abort | AbortAll | Shutdown
 @dataclass(frozen=True, slots=True)
 class Ready:
     """The engine is loaded. ``load_s``: process start to ready (imports, weights,
-    profile). ``kv_capacity_tokens``: the whole KV cache of this engine."""
+    profile). ``kv_capacity_tokens``: the whole KV cache of this engine. ``dtype``: the
+    precision it runs in; ``dtype_step_ms``: the decode step per candidate precision at
+    ``dtype_batch`` requests when ``auto`` measured them (milliseconds; else empty)."""
 
     pid: int
     load_s: float
     profile: EngineProfile
     kv_capacity_tokens: int
+    dtype: str = ""
+    dtype_batch: int = 0
+    dtype_step_ms: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
