@@ -12,7 +12,7 @@ import pytest
 
 from tests.server.conftest import RunningServer
 from tests.server.helpers import MODEL, sse_payloads
-from tests.server.reference_model import TOLERANCE, Reference
+from tests.server.reference_model import Reference, close
 
 PROMPT = "The old lighthouse keeper climbed the stairs and"
 
@@ -38,18 +38,18 @@ def test_completion_logprobs_and_echo_match_a_forward_pass(
     lp = answer["choices"][0]["logprobs"]
     output = reference.greedy(ids, 6)
     expected = reference.logprobs([*ids, *output])
-    tol = TOLERANCE[reference.dtype]
+    dtype = reference.dtype
     everything = [*ids, *output]
     assert lp["tokens"] == [reference.text(t) for t in everything]
     assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
     for position in range(1, len(everything)):
         row = expected[position - 1]
         got = lp["token_logprobs"][position]
-        assert abs(got - float(row[everything[position]])) < tol, position
+        assert close(got, float(row[everything[position]]), dtype), position
         top = lp["top_logprobs"][position]
         best = row.topk(3)
         for token, value in zip(best.indices.tolist(), best.values.tolist(), strict=True):
-            assert abs(top[reference.text(token)] - value) < tol
+            assert close(top[reference.text(token)], value, dtype)
     text = answer["choices"][0]["text"]
     assert text.startswith(reference.tokenizer.decode(ids))
     assert lp["text_offset"][0] == 0
@@ -74,18 +74,18 @@ def test_chat_logprobs_and_top_logprobs_match_a_forward_pass(
     content = answer["choices"][0]["logprobs"]["content"]
     output = reference.greedy(ids, 5)
     expected = reference.logprobs([*ids, *output])
-    tol = TOLERANCE[reference.dtype]
+    dtype = reference.dtype
     assert [c["token"] for c in content] == [reference.text(t) for t in output]
     for i, entry in enumerate(content):
         row = expected[len(ids) - 1 + i]
-        assert abs(entry["logprob"] - float(row[output[i]])) < tol
+        assert close(entry["logprob"], float(row[output[i]]), dtype)
         assert entry["bytes"] == list(entry["token"].encode())
         best = row.topk(2)
         assert [t["token"] for t in entry["top_logprobs"]] == [
             reference.text(t) for t in best.indices.tolist()
         ]
         for top, value in zip(entry["top_logprobs"], best.values.tolist(), strict=True):
-            assert abs(top["logprob"] - value) < tol
+            assert close(top["logprob"], value, dtype)
 
 
 @pytest.mark.parametrize("chat", [False, True])
