@@ -167,3 +167,22 @@ def test_completions_reject_chat_only_fields(server: RunningServer) -> None:
     body = {"model": MODEL, "prompt": "x", "max_tokens": 2, "suffix": "y"}
     response = httpx.post(f"{server.url}/v1/completions", json=body)
     assert response.status_code == 400 and response.json()["error"]["param"] == "suffix"
+
+
+def test_oversized_body_is_413_before_parsing(server: RunningServer) -> None:
+    body = json.dumps({"model": MODEL, "prompt": "a" * (5 * 2**20)}).encode()
+    response = httpx.post(
+        f"{server.url}/v1/completions", content=body, headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 413
+    assert "limit" in response.json()["error"]["message"]
+    assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+def test_prompt_too_long_for_any_tokenization_is_refused_untokenized(server: RunningServer) -> None:
+    start = time.perf_counter()
+    body = {"model": MODEL, "prompt": "a" * 2_000_000, "max_tokens": 1}
+    response = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+    assert response.status_code == 400 and response.json()["error"]["param"] == "prompt"
+    # Tokenizing two million characters takes seconds; the bound answers at once.
+    assert time.perf_counter() - start < 4.0

@@ -74,6 +74,9 @@ class ServeOptions:
         262144, "Prompt + max_tokens of waiting requests beyond which the server answers 429."
     )
     retry_after_s: int = option(1, "Retry-After (seconds) sent with a 429.")
+    max_request_bytes: int = option(
+        4 * 2**20, "Request bodies larger than this (bytes) are refused with a 413."
+    )
     api_key: str | None = option(None, "Bearer token every /v1 request must carry (None: open).")
     shutdown_timeout_s: float = option(
         10.0, "On shutdown, seconds in-flight requests may finish before they are aborted."
@@ -100,6 +103,7 @@ class ServeOptions:
             "max_queued_requests",
             "max_queued_tokens",
             "retry_after_s",
+            "max_request_bytes",
             "shutdown_timeout_s",
             "disconnect_poll_s",
             "start_timeout_s",

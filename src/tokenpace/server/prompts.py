@@ -9,6 +9,20 @@ from tokenpace.server.errors import ApiError
 from tokenpace.server.schemas import ChatMessage
 
 
+def prompt_chars(prompt: str | list[str] | list[int]) -> int:
+    """Characters of a text prompt (0 for token ids)."""
+    if isinstance(prompt, str):
+        return len(prompt)
+    return sum(len(p) for p in prompt if isinstance(p, str))
+
+
+def max_token_chars(tokenizer: Any) -> int:
+    """The most characters any vocabulary token's text has (its byte-level form, which is
+    never shorter than what it decodes to)."""
+    tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    return max((len(t) for t in tokens if t is not None), default=1)
+
+
 def completion_prompt_ids(
     tokenizer: Any, prompt: str | list[str] | list[int], add_special_tokens: bool = True
 ) -> list[int]:

@@ -16,7 +16,7 @@ from tokenpace.server.access import authorizer, check_model
 from tokenpace.server.container import InFlight
 from tokenpace.server.errors import ApiError
 from tokenpace.server.output import OutputBuilder, OutputSpec
-from tokenpace.server.prompts import chat_prompt_ids, completion_prompt_ids
+from tokenpace.server.prompts import chat_prompt_ids, completion_prompt_ids, prompt_chars
 from tokenpace.server.responses import ResponseMeta
 from tokenpace.server.schemas import ChatCompletionRequest, CompletionRequest, _SamplingFields
 from tokenpace.server.service import Service
@@ -28,13 +28,14 @@ from tokenpace.server.tokenizer_routes import build_tokenizer_router
 class RouteConfig:
     """HTTP-side settings. ``unix_clock`` stamps ``created`` (Unix seconds);
     ``stream_shutdown_grace_s``: how long open streams may run once shutdown begins (the
-    drain ends them before that)."""
+    drain ends them before that); ``max_request_bytes``: larger bodies get a 413."""
 
     model_name: str
     api_key: str | None
     disconnect_poll_s: float
     unix_clock: Callable[[], float]
     stream_shutdown_grace_s: float = 30.0
+    max_request_bytes: int = 4 * 2**20
 
 
 def build_router(service: Service, config: RouteConfig) -> APIRouter:
@@ -102,6 +103,7 @@ def build_router(service: Service, config: RouteConfig) -> APIRouter:
         body: CompletionRequest, http: Request
     ) -> JSONResponse | EventSourceResponse:
         check_model(body.model, config.model_name)
+        service.check_prompt_chars(prompt_chars(body.prompt), "prompt")
         prompt_ids = completion_prompt_ids(service.tokenizer, body.prompt)
         max_tokens = service.check_lengths(len(prompt_ids), body.max_tokens or 16, "prompt")
         sampling = sampling_of(body, max_tokens)
@@ -115,6 +117,7 @@ def build_router(service: Service, config: RouteConfig) -> APIRouter:
         body: ChatCompletionRequest, http: Request
     ) -> JSONResponse | EventSourceResponse:
         check_model(body.model, config.model_name)
+        service.check_prompt_chars(sum(len(m.text()) for m in body.messages), "messages")
         prompt_ids = chat_prompt_ids(service.tokenizer, body.messages)
         requested = body.max_completion_tokens or body.max_tokens
         max_tokens = service.check_lengths(len(prompt_ids), requested, "messages")
