@@ -4,7 +4,8 @@ operator asks for, measured, one JSON object on the last stdout line.
 One server (native engine, ``--containers 2``, both warm, default flags otherwise) goes
 through, in order:
 
-- capacity: completed requests/s of a closed loop of ``--concurrency`` streaming clients;
+- capacity: completed requests/s of a closed loop of ``--concurrency`` streaming clients
+  (32 output tokens each; enough clients to keep both containers at their B0);
 - overload: Poisson arrivals at ``--load-factor`` x capacity for ``--overload-s`` seconds
   (admission queue ``--max-queued-requests``): accepted, completed, 429 (and how many
   carried Retry-After), 5xx (an in-stream error or a broken connection counts as one), p99
@@ -23,7 +24,8 @@ through, in order:
 - SIGTERM during load: accepted streams that still end with ``[DONE]``.
 
 Then the kill -9 check runs again on a server whose containers are Ray actors
-(``--ray-address local``), unless ``--skip-ray``. The issue's figures are 5 minutes of
+(``--ray-address local``, with the precision ``--dtype auto`` chose on the first server),
+unless ``--skip-ray``. The issue's figures are 5 minutes of
 overload and 5,000 soak requests; the defaults are scaled down so the whole run stays
 near ten minutes on a 2-core machine, and the JSON states both.
 """
@@ -155,8 +157,8 @@ def start_server(port: int, extra: list[str], timeout_s: float) -> subprocess.Po
         except (httpx.HTTPError, ValueError):
             pass
         time.sleep(0.5)
-    process.kill()
-    raise RuntimeError("the server did not start")
+    stop(process)  # SIGTERM first: a server that started Ray shuts its cluster down
+    raise RuntimeError(f"the server did not start within {timeout_s:.0f} s")
 
 
 def stop(process: subprocess.Popen[bytes]) -> None:
@@ -351,6 +353,28 @@ def fuzz(url: str, max_examples: int) -> dict[str, Any]:
     return counts
 
 
+def dtype_figures(url: str) -> dict[str, Any]:
+    """The precision ``--dtype auto`` chose per container and the decode step times it
+    measured (ms), from /metrics."""
+    chosen: dict[str, str] = {}
+    steps: dict[str, dict[str, float]] = {}
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith("tokenpace:engine_dtype_info{") and line.endswith(" 1.0"):
+            labels = _labels(line)
+            chosen[labels["container"]] = labels["dtype"]
+        elif line.startswith("tokenpace:engine_dtype_step_seconds{"):
+            labels = _labels(line)
+            value = float(line.rsplit(" ", 1)[1]) * 1000
+            steps.setdefault(labels["container"], {})[labels["dtype"]] = round(value, 1)
+            steps[labels["container"]]["batch"] = float(labels["batch"])
+    return {"chosen": chosen, "decode_step_ms": steps}
+
+
+def _labels(line: str) -> dict[str, str]:
+    inside = line[line.index("{") + 1 : line.index("}")]
+    return {k: v.strip('"') for k, v in (pair.split("=", 1) for pair in inside.split(","))}
+
+
 def total_rss_mb(server_pid: int, url: str) -> float:
     return rss_mb(server_pid) + sum(rss_mb(pid) for pid in engine_pids(url))
 
@@ -424,7 +448,7 @@ async def sigterm_during_load(
 ) -> dict[str, Any]:
     async with client(url) as http:
         tasks = [
-            asyncio.create_task(stream_request(http, PROMPTS[i % len(PROMPTS)], 48))
+            asyncio.create_task(stream_request(http, PROMPTS[i % len(PROMPTS)], 24))
             for i in range(num_streams)
         ]
         deadline = time.perf_counter() + 120
@@ -450,7 +474,12 @@ def _round(value: float | None) -> float | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--capacity-s", type=float, default=15.0)
-    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=16,
+        help="Closed-loop clients measuring capacity: enough to fill both containers' B0.",
+    )
     parser.add_argument("--load-factor", type=float, default=2.0)
     parser.add_argument("--overload-s", type=float, default=60.0)
     parser.add_argument("--disconnect-clients", type=int, default=50)
@@ -471,6 +500,8 @@ def main() -> None:
     url = f"http://127.0.0.1:{port}"
     process = start_server(port, extra, args.start_timeout_s)
     try:
+        result["dtype"] = dtype_figures(url)
+        log("dtype", result["dtype"])
         capacity = asyncio.run(closed_loop(url, args.concurrency, args.capacity_s))
         result["capacity_rps"] = round(capacity, 3)
         wait_idle(url)
@@ -491,7 +522,7 @@ def main() -> None:
         kv_before = load(url)[1]
         start = time.perf_counter()
         sent, completed = asyncio.run(
-            soak(url, args.soak_requests, args.soak_max_s, args.concurrency * 2)
+            soak(url, args.soak_requests, args.soak_max_s, args.concurrency)
         )
         wait_idle(url)
         rss_after = total_rss_mb(process.pid, url)
@@ -517,7 +548,13 @@ def main() -> None:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         try:
-            process = start_server(port, [*extra, "--ray-address", "local"], args.start_timeout_s)
+            # The precision auto chose on this machine: the Ray engines need not measure again.
+            chosen = sorted(set(result["dtype"]["chosen"].values())) or ["auto"]
+            dtype = chosen[0] if len(chosen) == 1 else "auto"
+            # One CPU per engine actor: both fit on a local cluster of a 2-core machine.
+            ray_flags = [*extra, "--ray-address", "local", "--dtype", dtype]
+            ray_flags += ["--ray-cpus-per-engine", "1", "--num-threads", "1"]
+            process = start_server(port, ray_flags, args.start_timeout_s)
         except RuntimeError as error:
             result["kill9_ray"] = {"error": str(error)}
         else:
