@@ -24,7 +24,8 @@ through, in order:
 - SIGTERM during load: accepted streams that still end with ``[DONE]``.
 
 Then the kill -9 check runs again on a server whose containers are Ray actors
-(``--ray-address local``, with the precision ``--dtype auto`` chose on the first server),
+(``--ray-address local``, one CPU and one thread per engine actor so both fit a local
+cluster on two cores, with the precision ``--dtype auto`` chose on the first server),
 unless ``--skip-ray``. The issue's figures are 5 minutes of
 overload and 5,000 soak requests; the defaults are scaled down so the whole run stays
 near ten minutes on a 2-core machine, and the JSON states both.
