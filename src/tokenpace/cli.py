@@ -428,8 +428,12 @@ def profile(
         ),
     ] = None,
     dtype: Annotated[
-        str, typer.Option(help="Weights/KV precision: float32 or bfloat16.")
-    ] = "bfloat16",
+        str,
+        typer.Option(
+            help="Weights/KV precision: float32, bfloat16 or auto (bfloat16 where the device "
+            "computes it natively, else float32)."
+        ),
+    ] = "auto",
     model: Annotated[
         str, typer.Option(help="'smollm2' (embedded) or a local Hugging Face model directory.")
     ] = "smollm2",

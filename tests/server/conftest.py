@@ -1,8 +1,9 @@
 """Real servers for the serve tests: uvicorn in threads over the embedded SmolLM2.
 
 Each container's engine is a worker process loading the embedded model from its cached
-checkpoint tier, as in production. Two session servers: ``server`` with default bounds,
-``guarded_server`` with an API key and an admission queue of one request.
+checkpoint tier, as in production. Two session servers: ``server`` with default bounds
+(``--dtype auto``, the default, measured at start), ``guarded_server`` with an API key and
+an admission queue of one request.
 """
 
 from __future__ import annotations
@@ -70,7 +71,14 @@ def start_server(**overrides: object) -> RunningServer:
     from tokenpace.server.options import ServeOptions
     from tokenpace.server.uvicorn_server import DrainingServer
 
-    settings: dict[str, Any] = {"port": 0, "log_level": "warning", "shutdown_timeout_s": 5.0}
+    # float32 unless a test asks otherwise: --dtype auto loads the model twice to choose,
+    # which the session ``server`` exercises once for the suite.
+    settings: dict[str, Any] = {
+        "port": 0,
+        "log_level": "warning",
+        "shutdown_timeout_s": 5.0,
+        "dtype": "float32",
+    }
     settings.update(overrides)
     try:
         built = build_server(ServeOptions(**settings))
@@ -92,7 +100,7 @@ def start_server(**overrides: object) -> RunningServer:
 def server() -> Iterator[RunningServer]:
     if _MISSING:
         pytest.skip(SKIP_REASON)
-    running = start_server()
+    running = start_server(dtype="auto")
     yield running
     running.stop()
 

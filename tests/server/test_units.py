@@ -104,3 +104,54 @@ def test_vllm_kv_budget_follows_the_model_shape(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 30}))
     # keys and values x 30 layers x 3 KV heads x 64 dims x 2 bytes
     assert kv_bytes_per_token(tmp_path, "bfloat16") == 2 * 30 * 3 * 64 * 2
+
+
+def test_min_tokens_ignores_stop_strings_that_end_before_it() -> None:
+    from tokenpace.server.detokenize import IncrementalText
+
+    inc = IncrementalText(CharTokenizer(), ("X",), min_tokens=4)
+    deltas = [inc.push(ord(c)) for c in "aXbcXd"]
+    deltas.append(inc.finish())
+    # The first X is token 2 (< 4): kept. The second ends at token 5: it stops.
+    assert inc.text == "aXbc" and inc.stopped
+    assert "".join(deltas) == "aXbc"
+
+
+def test_should_stop_waits_for_min_tokens() -> None:
+    from tokenpace.core.sampling import SamplingParams
+    from tokenpace.engine.native.stopping import should_stop
+
+    eos = frozenset({0})
+    early = SamplingParams(min_tokens=3)
+    assert not should_stop(CharTokenizer(), eos, early, [ord("a")], 0)
+    assert should_stop(CharTokenizer(), eos, early, [ord("a"), ord("b")], 0)
+    resumed = SamplingParams(min_tokens=3, first_output_index=2)
+    assert should_stop(CharTokenizer(), eos, resumed, [], 0)
+
+
+def test_logprob_formatter_shapes() -> None:
+    from tokenpace.core.logprobs import TokenLogprob
+    from tokenpace.server.logprob_format import LogprobFormatter, LogprobItem
+
+    items = [
+        LogprobItem(ord("h"), None),
+        LogprobItem(ord("i"), TokenLogprob(ord("i"), -0.5, ((ord("o"), -0.3),))),
+    ]
+    completion = LogprobFormatter(CharTokenizer(), chat=False).format(items)
+    assert completion == {
+        "tokens": ["h", "i"],
+        "token_logprobs": [None, -0.5],
+        "top_logprobs": [None, {"o": -0.3, "i": -0.5}],
+        "text_offset": [0, 1],
+    }
+    chat = LogprobFormatter(CharTokenizer(), chat=True).format(items[1:])
+    assert chat == {
+        "content": [
+            {
+                "token": "i",
+                "logprob": -0.5,
+                "bytes": [105],
+                "top_logprobs": [{"token": "o", "logprob": -0.3, "bytes": [111]}],
+            }
+        ]
+    }

@@ -54,3 +54,31 @@ def test_chat_stream_under_twp(vllm_server: RunningServer) -> None:
     assert metric(vllm_server.url, "tokenpace:twp_token_window") > 0
     health = httpx.get(f"{vllm_server.url}/health").json()
     assert health["containers"][0]["num_used_blocks"] == 0
+
+
+def test_logprobs_and_echo_match_a_forward_pass(vllm_server: RunningServer) -> None:
+    from tests.server.reference_model import Reference, close
+
+    reference = Reference.of(vllm_server)
+    ids = httpx.post(f"{vllm_server.url}/tokenize", json={"prompt": "The sea is"}).json()["tokens"]
+    body = {"model": MODEL, "prompt": ids, "max_tokens": 3, "temperature": 0, "ignore_eos": True}
+    answer = httpx.post(
+        f"{vllm_server.url}/v1/completions", json={**body, "logprobs": 2, "echo": True}, timeout=120
+    ).json()
+    lp = answer["choices"][0]["logprobs"]
+    dtype = reference.dtype
+    expected = reference.logprobs(ids)
+    assert lp["tokens"][: len(ids)] == [reference.text(t) for t in ids]
+    assert lp["token_logprobs"][0] is None
+    for position in range(1, len(ids)):
+        row = expected[position - 1]
+        assert close(lp["token_logprobs"][position], float(row[ids[position]]), dtype)
+        # The two largest values of the position (its top 2; the chosen token may be extra).
+        served = sorted(lp["top_logprobs"][position].values(), reverse=True)[:2]
+        for got, value in zip(served, row.topk(2).values.tolist(), strict=True):
+            assert close(got, value, dtype)
+    # The first output token: greedy, so the most likely one, with its logprob.
+    first = expected[-1]
+    assert lp["tokens"][len(ids)] == reference.text(int(first.argmax()))
+    assert close(lp["token_logprobs"][len(ids)], float(first.max()), dtype)
+    assert len(lp["tokens"]) == len(ids) + 3

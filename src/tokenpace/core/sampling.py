@@ -15,7 +15,11 @@ class SamplingParams:
     benchmark workloads do. ``first_output_index``: the position, in the whole generation,
     of the first token this run produces; a request resumed elsewhere with its earlier
     tokens in the prompt continues its seeded random stream where it stopped (engines that
-    derive each token's randomness from its position honour it: the native engine)."""
+    derive each token's randomness from its position honour it: the native engine).
+    ``min_tokens``: output tokens before EOS or a stop string may end generation (EOS is
+    not sampled before). ``logprobs``: report each output token's log-probability under the
+    model's raw distribution and this many most likely alternatives (None: none);
+    ``prompt_logprobs``: the same for every prompt token after the first."""
 
     temperature: float = 0.0
     top_p: float = 1.0
@@ -23,6 +27,9 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     first_output_index: int = 0
+    min_tokens: int = 0
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -31,6 +38,12 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.first_output_index < 0:
             raise ValueError(f"first_output_index must be >= 0, got {self.first_output_index}")
+        if self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"{name} must be >= 0 or None, got {value}")
 
 
 def token_seed(seed: int, output_index: int) -> int:

@@ -11,6 +11,7 @@ from typing import Any
 from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse
 
+from tokenpace.server.body_limit import BodyLimit
 from tokenpace.server.errors import install_error_handlers
 from tokenpace.server.metrics import CONTENT_TYPE
 from tokenpace.server.routes import RouteConfig, attach
@@ -24,7 +25,8 @@ ABORT_GRACE_S = 2.0
 
 
 def build_app(service: Service, config: RouteConfig, shutdown_timeout_s: float) -> FastAPI:
-    """The app over ``service``. On shutdown it stops accepting (503), lets in-flight work
+    """The app over ``service`` (bodies over ``config.max_request_bytes`` get a 413). On
+    shutdown it stops accepting (503), lets in-flight work
     finish for up to ``shutdown_timeout_s`` seconds, then aborts the rest and stops the
     engine threads."""
 
@@ -35,6 +37,7 @@ def build_app(service: Service, config: RouteConfig, shutdown_timeout_s: float) 
 
     app = FastAPI(title="tokenpace", version="0.1.0", lifespan=lifespan)
     install_error_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=config.max_request_bytes)
     attach(app, service, config)
 
     @app.get("/health")

@@ -20,12 +20,21 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection, wait
 
+from tokenpace.core.logprobs import TokenLogprob
 from tokenpace.core.request import FinishReason, Request
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.pool.container import ContainerState
 from tokenpace.server.admission import AdmissionQueue
-from tokenpace.server.events import Event, FinishEvent, RequestHandle, TokenEvent, post_events
+from tokenpace.server.events import (
+    Event,
+    FinishEvent,
+    PromptLogprobsEvent,
+    RequestHandle,
+    TokenEvent,
+    post_events,
+)
 from tokenpace.server.metrics import ServerMetrics
+from tokenpace.server.worker.dtype_choice import DtypeChoice
 from tokenpace.server.worker.wire import (
     Abort,
     Finished,
@@ -55,17 +64,22 @@ class InFlight:
     last_token_s: float | None = None
     admitted: bool = False
     retries: int = 0
+    prompt_logprobs_sent: bool = False
 
     def work_item(self) -> WorkItem:
         """The request as a worker should run it now: delivered tokens extend the prompt and
-        its sampling continues from the next output position."""
+        its sampling continues from the next output position (prompt logprobs, once
+        delivered, are not asked for again)."""
         r = self.request
+        sampling = replace(r.sampling, first_output_index=len(self.delivered))
+        if self.prompt_logprobs_sent:
+            sampling = replace(sampling, prompt_logprobs=None)
         return WorkItem(
             request_id=r.request_id,
             prompt_token_ids=(*(r.prompt_token_ids or ()), *self.delivered),
             max_tokens=r.max_tokens - len(self.delivered),
             arrival_s=r.arrival_s,
-            sampling=replace(r.sampling, first_output_index=len(self.delivered)),
+            sampling=sampling,
         )
 
     @property
@@ -131,6 +145,7 @@ class ServerContainer:
         self._state = ContainerState.COLD
         self._worker: WorkerHandle | None = None
         self._profile: EngineProfile | None = deps.spec.profile
+        self._dtype: str | None = deps.spec.dtype
         self._inflight: dict[int, InFlight] = {}
         self._load = LoadState()
         self._idle_since_s: float | None = None
@@ -286,7 +301,7 @@ class ServerContainer:
         self._deps.on_state_change()
 
     def _spec(self) -> WorkerSpec:
-        return replace(self._deps.spec, profile=self._profile)
+        return replace(self._deps.spec, profile=self._profile, dtype=self._dtype)
 
     def _start_worker(self) -> None:
         """Spawn a worker and wait for it to load (new requests queue meanwhile)."""
@@ -311,6 +326,10 @@ class ServerContainer:
         self._deps.metrics.observe_cold_start(load_s)
         self._worker = worker
         self._profile = ready.profile
+        self._dtype = ready.dtype or None
+        self._deps.metrics.set_engine_dtype(
+            self.container_id, ready.dtype, ready.dtype_batch, ready.dtype_step_ms
+        )
         self.kv_capacity_tokens = ready.kv_capacity_tokens
         self.start_error = None
         with self._cond:
@@ -321,12 +340,13 @@ class ServerContainer:
         self._set_state(ContainerState.WARM)
         self.ready.set()
         logger.info(
-            "container %d: engine process %d (%s) ready in %.1f s "
+            "container %d: engine process %d (%s) ready in %.1f s, %s "
             "(l_min %.1f ms, alpha %.2f ms, B0 %d)",
             self.container_id,
             ready.pid,
             worker.location,
             load_s,
+            DtypeChoice(ready.dtype, ready.dtype_batch, ready.dtype_step_ms).describe(),
             ready.profile.l_min_ms,
             ready.profile.alpha_ms,
             ready.profile.b0,
@@ -412,17 +432,28 @@ class ServerContainer:
             self._deps.admission.release(request_id)
             if inflight.retries == 0:
                 metrics.observe_queue_time(admitted_s - inflight.request.arrival_s)
+        for request_id, entries in report.prompt_logprobs:
+            inflight = self._inflight.get(request_id)
+            if inflight is None or inflight.prompt_logprobs_sent:
+                continue
+            inflight.prompt_logprobs_sent = True
+            events.append((inflight.handle, PromptLogprobsEvent(entries)))
+        logprobs: dict[int, list[TokenLogprob]] = {}
+        for request_id, entry in report.logprobs:
+            logprobs.setdefault(request_id, []).append(entry)
         for request_id, token_id, time_s in report.tokens:
             inflight = self._inflight.get(request_id)
             if inflight is None:
                 continue
+            pending = logprobs.get(request_id)
+            logprob = pending.pop(0) if pending else None
             if inflight.last_token_s is None:
                 metrics.observe_first_token(time_s - inflight.request.arrival_s)
             else:
                 metrics.observe_itl(time_s - inflight.last_token_s)
             inflight.delivered.append(token_id)
             inflight.last_token_s = time_s
-            events.append((inflight.handle, TokenEvent(token_id, time_s)))
+            events.append((inflight.handle, TokenEvent(token_id, time_s, logprob)))
         metrics.observe_tokens(len(report.tokens))
         for finished in report.finished:
             with self._cond:

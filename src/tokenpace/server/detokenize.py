@@ -15,14 +15,19 @@ _REPLACEMENT = "\ufffd"
 class IncrementalText:
     """Accumulates output tokens of one request. ``push`` returns the new text that is
     safe to send; ``finish`` returns the rest. Once a stop string appears, the text ends
-    just before it and later tokens add nothing."""
+    just before it and later tokens add nothing. With ``min_tokens``, as in the engines, a
+    stop string counts only once that many tokens exist and only if it ends in the text
+    of token ``min_tokens`` or later."""
 
-    def __init__(self, tokenizer: Any, stop: tuple[str, ...]) -> None:
+    def __init__(self, tokenizer: Any, stop: tuple[str, ...], min_tokens: int = 0) -> None:
         self._tokenizer = tokenizer
         self._stop = stop
+        self._min_tokens = min_tokens
         self._ids: list[int] = []
         self._text = ""
         self._emitted = 0
+        # Text length of the first min_tokens - 1 tokens: a stop string must end past it.
+        self._floor = 0
         self.stopped = False
 
     @property
@@ -35,6 +40,9 @@ class IncrementalText:
             return ""
         self._ids.append(token_id)
         self._text = self._tokenizer.decode(self._ids, skip_special_tokens=True)
+        if len(self._ids) < self._min_tokens:
+            self._floor = len(self._text)
+            return self._take(self._safe_end())
         cut = self._first_stop()
         if cut is not None:
             self._text = self._text[:cut]
@@ -54,7 +62,13 @@ class IncrementalText:
 
     def _first_stop(self) -> int | None:
         """Where the earliest stop string starts in the text not yet sent, if any."""
-        found = [i for i in (self._text.find(s, self._emitted) for s in self._stop) if i >= 0]
+        found = [
+            i
+            for i in (
+                self._text.find(s, max(self._emitted, self._floor - len(s) + 1)) for s in self._stop
+            )
+            if i >= 0
+        ]
         return min(found) if found else None
 
     def _safe_end(self) -> int:

@@ -76,7 +76,8 @@ def _native(options: ServeOptions, checkpoint_dir: Path) -> object:
 def _vllm(options: ServeOptions, checkpoint_dir: Path) -> object:
     from tokenpace.engine.vllm.config import VllmEngineConfig
 
-    per_token = kv_bytes_per_token(checkpoint_dir, options.dtype)
+    config = VllmEngineConfig(model=str(checkpoint_dir), dtype=options.dtype)
+    per_token = kv_bytes_per_token(checkpoint_dir, config.resolved_dtype)
     return VllmEngineConfig(
         model=str(checkpoint_dir),
         dtype=options.dtype,

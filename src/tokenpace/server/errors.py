@@ -70,6 +70,9 @@ def describe_validation(errors: Sequence[Any]) -> tuple[str, str | None]:
         return "the request body is not valid JSON", None
     # The top-level field: deeper parts mix field names with union-member tags ("str").
     param = loc[0] if loc and not loc[0].isdigit() else None
+    if kind == "extra_forbidden":
+        path = _dotted([part for part in loc if part not in _UNION_TAGS])
+        return f"unknown field '{path}': this server does not honour it", path
     if kind == "missing" and param is None:
         return "the request body is missing", None
     message = str(first.get("msg", "invalid value"))
@@ -77,6 +80,18 @@ def describe_validation(errors: Sequence[Any]) -> tuple[str, str | None]:
     if kind == "missing":
         return f"{where} is required", param
     return f"invalid value for {where}: {message}", param
+
+
+# Names pydantic puts in an error's location for the member of a union it tried.
+_UNION_TAGS = frozenset({"str", "list[str]", "list[int]", "list[TextPart]", "int", "float"})
+
+
+def _dotted(parts: Sequence[str]) -> str:
+    """``["messages", "0", "name"]`` -> ``"messages[0].name"``."""
+    path = ""
+    for part in parts:
+        path += f"[{part}]" if part.isdigit() else (f".{part}" if path else part)
+    return path
 
 
 def install_error_handlers(app: FastAPI) -> None:

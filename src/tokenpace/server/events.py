@@ -6,15 +6,26 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from tokenpace.core.logprobs import TokenLogprob
 from tokenpace.core.request import FinishReason
 
 
 @dataclass(frozen=True, slots=True)
 class TokenEvent:
-    """One output token, delivered at ``time_s`` (seconds on the server clock)."""
+    """One output token, delivered at ``time_s`` (seconds on the server clock), with its
+    logprobs when the request asked for them."""
 
     token_id: int
     time_s: float
+    logprob: TokenLogprob | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PromptLogprobsEvent:
+    """The logprobs of prompt positions 1.. (the first prompt token has none); comes
+    before the first ``TokenEvent`` of a request that asked for prompt logprobs."""
+
+    entries: tuple[TokenLogprob, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +39,7 @@ class FinishEvent:
     error: str | None = None
 
 
-Event = TokenEvent | FinishEvent
+Event = TokenEvent | PromptLogprobsEvent | FinishEvent
 
 
 @dataclass(slots=True, eq=False)

@@ -23,6 +23,7 @@ from tokenpace.server.engines import ENGINE_CONFIGS, load_tokenizer, prepare_che
 from tokenpace.server.metrics import ServerMetrics
 from tokenpace.server.options import ServeOptions
 from tokenpace.server.pool import ServerPool
+from tokenpace.server.prompts import max_token_chars
 from tokenpace.server.routes import RouteConfig
 from tokenpace.server.service import ModelLimits, Service
 from tokenpace.server.uvicorn_server import DrainingServer
@@ -142,6 +143,7 @@ def build_server(
         max_model_len=options.max_model_len,
         kv_capacity_tokens=first.kv_capacity_tokens,
         default_max_tokens=options.default_max_tokens,
+        max_token_chars=max_token_chars(tokenizer),
     )
     service = Service(
         pool, admission, tokenizer, metrics, limits, clock, options.retry_after_s, rng
@@ -152,6 +154,7 @@ def build_server(
         disconnect_poll_s=options.disconnect_poll_s,
         unix_clock=unix_clock,
         stream_shutdown_grace_s=options.shutdown_timeout_s + ABORT_GRACE_S + 1.0,
+        max_request_bytes=options.max_request_bytes,
     )
     app = build_app(service, route_config, options.shutdown_timeout_s)
     return Server(app, service, pool, metrics, options)

@@ -132,6 +132,19 @@ class ServerMetrics:
             m,
             registry=r,
         )
+        self.engine_dtype = Gauge(
+            "tokenpace:engine_dtype_info",
+            "1 for the precision each container's engine runs in (--dtype auto resolved).",
+            ["model_name", "container", "dtype"],
+            registry=r,
+        )
+        self.dtype_step = Gauge(
+            "tokenpace:engine_dtype_step_seconds",
+            "Decode step time per candidate precision that --dtype auto measured at start, "
+            "at the batch in the 'batch' label.",
+            ["model_name", "container", "dtype", "batch"],
+            registry=r,
+        )
         # Touch the unlabelled-by-container series so they read 0 before any traffic.
         for counter in (
             self.aborts,
@@ -203,6 +216,21 @@ class ServerMetrics:
     def observe_cold_start(self, load_s: float) -> None:
         self.cold_starts.labels(self.model_name).inc()
         self.cold_start_time.labels(self.model_name).observe(load_s)
+
+    def set_engine_dtype(
+        self,
+        container_id: int,
+        dtype: str,
+        batch: int,
+        step_ms: tuple[tuple[str, float], ...],
+    ) -> None:
+        """Record the precision container ``container_id`` runs in and, when ``auto``
+        measured them, the decode step (milliseconds) of each candidate at ``batch``."""
+        c = str(container_id)
+        for name in ("float32", "bfloat16", "float16"):
+            self.engine_dtype.labels(self.model_name, c, name).set(1.0 if name == dtype else 0.0)
+        for name, ms in step_ms:
+            self.dtype_step.labels(self.model_name, c, name, str(batch)).set(ms / 1000.0)
 
     def reject(self, reason: str) -> None:
         self.rejected.labels(self.model_name, reason).inc()

@@ -50,23 +50,38 @@ def finish_reason_name(reason: FinishReason, stopped_by_text: bool) -> str:
     return "abort"
 
 
-def chunk(meta: ResponseMeta, text: str | None, finish_reason: str | None) -> dict[str, Any]:
-    """One stream chunk carrying ``text`` (chat: a content delta; None: the role delta)."""
+def chunk(
+    meta: ResponseMeta,
+    text: str | None,
+    finish_reason: str | None,
+    logprobs: dict[str, Any] | None = None,
+    with_usage: bool = False,
+) -> dict[str, Any]:
+    """One stream chunk carrying ``text`` (chat: a content delta; None: the role delta)
+    and the ``logprobs`` of its tokens; ``with_usage`` adds ``"usage": null``."""
     choice: dict[str, Any]
     if meta.chat:
         delta: dict[str, Any] = {"role": "assistant", "content": ""} if text is None else {}
         if text:
             delta["content"] = text
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
     else:
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
-    return {
+        choice = {
+            "index": 0,
+            "text": text or "",
+            "logprobs": logprobs,
+            "finish_reason": finish_reason,
+        }
+    body: dict[str, Any] = {
         "id": meta.response_id,
         "object": meta.chunk_object,
         "created": meta.created,
         "model": meta.model,
         "choices": [choice],
     }
+    if with_usage:
+        body["usage"] = None
+    return body
 
 
 def usage_chunk(meta: ResponseMeta, usage: Usage) -> dict[str, Any]:
@@ -82,15 +97,20 @@ def usage_chunk(meta: ResponseMeta, usage: Usage) -> dict[str, Any]:
 
 
 def full_response(
-    meta: ResponseMeta, text: str, finish_reason: str, usage: Usage
+    meta: ResponseMeta,
+    text: str,
+    finish_reason: str,
+    usage: Usage,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A non-streaming completion or chat completion."""
     choice: dict[str, Any]
     if meta.chat:
         message = {"role": "assistant", "content": text}
-        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "message": message, "logprobs": logprobs}
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "text": text, "logprobs": logprobs}
+    choice["finish_reason"] = finish_reason
     return {
         "id": meta.response_id,
         "object": meta.object,

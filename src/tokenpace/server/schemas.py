@@ -1,17 +1,29 @@
-"""Request bodies of the OpenAI-compatible API (the subset this server honours).
+"""Request bodies of the OpenAI-compatible API: every field this server honours, no other.
 
-Models are strict (no silent coercion of ``"5"`` to 5) and ignore unknown fields, as OpenAI
-clients send extras. Field constraints produce 400 errors that name the field.
+Models are strict (no silent coercion of ``"5"`` to 5) and forbid unknown fields: a field
+the server would not honour is answered with a 400 naming it, never dropped. Fields whose
+only honoured value is OpenAI's default (``n``, the penalties) accept that value alone.
+Field constraints produce 400 errors that name the field.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictStr,
+    field_validator,
+)
 
-_STRICT = ConfigDict(strict=True, extra="ignore")
+_STRICT = ConfigDict(strict=True, extra="forbid")
 MAX_STOP_STRINGS = 4
+MAX_LOGPROBS = 20  # as vLLM's default max_logprobs
+
+_NoPenalty = Annotated[float, Field(ge=0.0, le=0.0)]
 
 
 class StreamOptions(BaseModel):
@@ -21,12 +33,15 @@ class StreamOptions(BaseModel):
 
 
 class _SamplingFields(BaseModel):
-    """Fields shared by completions and chat completions."""
+    """Fields shared by completions and chat completions. ``ignore_eos`` and
+    ``min_tokens`` are vLLM's extensions that benchmark clients send; ``user`` is an
+    end-user id for the operator's logs and changes nothing in the output."""
 
     model_config = _STRICT
 
     model: StrictStr
     max_tokens: Annotated[int, Field(ge=1)] | None = None
+    min_tokens: Annotated[int, Field(ge=0)] = 0
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 1.0
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
     stop: StrictStr | list[StrictStr] | None = None
@@ -35,6 +50,9 @@ class _SamplingFields(BaseModel):
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     ignore_eos: StrictBool = False
+    presence_penalty: _NoPenalty = 0.0
+    frequency_penalty: _NoPenalty = 0.0
+    user: StrictStr | None = None
 
     @field_validator("stop")
     @classmethod
@@ -46,6 +64,12 @@ class _SamplingFields(BaseModel):
             raise ValueError("stop strings must not be empty")
         return value
 
+    def conflict(self) -> tuple[str, str] | None:
+        """(param, message) for fields valid alone but not together, else None."""
+        if self.stream_options is not None and not self.stream:
+            return "stream_options", "'stream_options' is only allowed when 'stream' is true"
+        return None
+
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:
             return ()
@@ -55,12 +79,26 @@ class _SamplingFields(BaseModel):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
+    @property
+    def num_logprobs(self) -> int | None:
+        """Most likely alternatives to report per output token (None: no logprobs)."""
+        return None
+
+    @property
+    def num_prompt_logprobs(self) -> int | None:
+        """Alternatives to report per prompt token (None: no prompt logprobs)."""
+        return None
+
 
 class CompletionRequest(_SamplingFields):
     """``POST /v1/completions``: ``prompt`` is a string, a list of one string, or a list of
-    token ids. ``max_tokens`` defaults to 16, as OpenAI's."""
+    token ids. ``max_tokens`` defaults to 16, as OpenAI's. ``logprobs``: how many most
+    likely alternatives to report per token (0: the chosen token's alone); ``echo``: the
+    prompt precedes the output (with its logprobs when ``logprobs`` is set)."""
 
     prompt: StrictStr | list[StrictStr] | list[int]
+    logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    echo: StrictBool = False
 
     @field_validator("prompt")
     @classmethod
@@ -73,6 +111,14 @@ class CompletionRequest(_SamplingFields):
         if value == "" or value == [""]:
             raise ValueError("prompt must not be empty")
         return value
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return self.logprobs
+
+    @property
+    def num_prompt_logprobs(self) -> int | None:
+        return self.logprobs if self.echo else None
 
 
 class TextPart(BaseModel):
@@ -96,7 +142,21 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(_SamplingFields):
     """``POST /v1/chat/completions``: at least one message; ``max_completion_tokens`` is
-    accepted as OpenAI's newer name for ``max_tokens``."""
+    accepted as OpenAI's newer name for ``max_tokens``. ``logprobs``: report each output
+    token's logprob; ``top_logprobs``: with it, how many most likely alternatives."""
 
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    logprobs: StrictBool = False
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+
+    def conflict(self) -> tuple[str, str] | None:
+        if self.top_logprobs is not None and not self.logprobs:
+            return "top_logprobs", "'top_logprobs' needs 'logprobs' set to true"
+        return super().conflict()
+
+    @property
+    def num_logprobs(self) -> int | None:
+        if not self.logprobs:
+            return None
+        return self.top_logprobs or 0

@@ -27,11 +27,17 @@ from tokenpace.server.pool import ServerPool
 @dataclass(frozen=True, slots=True)
 class ModelLimits:
     """Token limits of the served model: ``max_model_len`` bounds prompt + output of one
-    request; ``kv_capacity_tokens`` is one container's whole KV cache."""
+    request; ``kv_capacity_tokens`` is one container's whole KV cache;
+    ``max_token_chars`` is the most characters one token of the vocabulary decodes to."""
 
     max_model_len: int
     kv_capacity_tokens: int
     default_max_tokens: int
+    max_token_chars: int = 64
+
+    @property
+    def context_tokens(self) -> int:
+        return min(self.max_model_len, self.kv_capacity_tokens)
 
 
 class Service:
@@ -58,13 +64,27 @@ class Service:
         self.rng = rng
         self.accepting = True
 
+    def check_prompt_chars(self, num_chars: int, prompt_field: str) -> None:
+        """Refuse, before tokenizing it, a prompt of ``num_chars`` characters that cannot
+        fit the context whatever its tokens (tokenizing megabytes would stall the server).
+        Raises ApiError(400) naming ``prompt_field``."""
+        limit = self.limits.context_tokens
+        if num_chars > limit * self.limits.max_token_chars:
+            raise ApiError(
+                400,
+                f"'{prompt_field}' has {num_chars} characters: more tokens than the model's "
+                f"context of {limit} tokens",
+                param=prompt_field,
+                code="context_length_exceeded",
+            )
+
     def check_lengths(
         self, num_prompt_tokens: int, max_tokens: int | None, prompt_field: str
     ) -> int:
         """Validate against the context; return the effective max_tokens (tokens).
 
         Raises ApiError(400) naming ``prompt_field`` or ``max_tokens``."""
-        limit = min(self.limits.max_model_len, self.limits.kv_capacity_tokens)
+        limit = self.limits.context_tokens
         if num_prompt_tokens == 0:
             raise ApiError(400, f"'{prompt_field}' must not be empty", param=prompt_field)
         if num_prompt_tokens >= limit:

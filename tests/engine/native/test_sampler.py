@@ -30,3 +30,27 @@ def test_sampling_depends_only_on_seed_and_index() -> None:
     assert first == [sample(logits, params, seed=3, output_index=i) for i in range(8)]
     assert first != [sample(logits, params, seed=4, output_index=i) for i in range(8)]
     assert token_seed(3, 0) != token_seed(3, 1)
+
+
+def test_banned_tokens_are_never_chosen() -> None:
+    logits = torch.tensor([0.1, 9.0, 2.9, -1.0])
+    assert sample(logits, SamplingParams(), 0, 0, banned=frozenset({1})) == 2
+    sampled = {
+        sample(logits, SamplingParams(temperature=1.0), s, 0, banned=frozenset({1}))
+        for s in range(30)
+    }
+    assert 1 not in sampled
+
+
+def test_token_logprobs_are_the_log_softmax_and_its_top_k() -> None:
+    from tokenpace.engine.native.logprobs import token_logprobs
+
+    logits = torch.tensor([[1.0, 3.0, 2.0, 0.0], [0.0, 0.0, 0.0, 5.0]])
+    entries = token_logprobs(logits, [2, 0], num_top=2)
+    expected = torch.log_softmax(logits, dim=-1)
+    assert entries[0].token_id == 2
+    assert entries[0].logprob == pytest.approx(float(expected[0, 2]))
+    assert [t for t, _ in entries[0].top] == [1, 2]
+    assert entries[1].top[0][0] == 3
+    assert entries[1].top[0][1] == pytest.approx(float(expected[1, 3]))
+    assert token_logprobs(logits, [0, 1], num_top=0)[1].top == ()

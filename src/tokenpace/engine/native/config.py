@@ -6,9 +6,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tokenpace.core.config import option, require_positive
+from tokenpace.engine.dtype import DTYPE_CHOICES
 
 EMBEDDED_MODEL = "smollm2"
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = DTYPE_CHOICES
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +31,9 @@ class NativeEngineConfig:
         None, "Where converted checkpoints are cached (default: ~/.cache/tokenpace)."
     )
     dtype: str = option(
-        "bfloat16", "Weights and KV precision: bfloat16, float16 or float32 (token-exact)."
+        "auto",
+        "Weights and KV precision: bfloat16, float16, float32 (token-exact) or auto "
+        "(bfloat16 where the device computes it natively, else float32).",
     )
     device: str = option("auto", "'auto' (CUDA when present, else CPU), 'cpu' or 'cuda[:N]'.")
     num_threads: int = option(2, "Torch intra-op threads on CPU (pinned at load).")

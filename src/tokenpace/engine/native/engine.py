@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from tokenpace.core.logprobs import TokenLogprob
 from tokenpace.core.request import Request
 from tokenpace.core.step import ScheduledChunk, StepResult
 from tokenpace.engine.kv_blocks import BlockAccountant, BlockAccountedEngine
@@ -20,6 +21,7 @@ from tokenpace.engine.native.fused_forward import FusedForward, unsupported_reas
 from tokenpace.engine.native.kv_cache import KVShape, SlotKVCache
 from tokenpace.engine.native.linear_kernels import UpcastLinear, measure_upcast_min_rows
 from tokenpace.engine.native.loading import LoadedModel, load_model
+from tokenpace.engine.native.logprobs import token_logprobs
 from tokenpace.engine.native.sampler import sample
 from tokenpace.engine.native.stopping import should_stop
 
@@ -41,6 +43,11 @@ class NativeEngine(BlockAccountedEngine):
     the wall time of the whole step on ``clock`` (seconds, device synchronised).
     A request's prompt is its ``prompt_token_ids`` (length ``num_prompt_tokens``), else its
     ``prompt`` text tokenized and fitted to ``num_prompt_tokens``, else synthetic ids.
+    After each step, ``step_logprobs`` holds the sampled token's ``TokenLogprob`` of every
+    request whose sampling asks for ``logprobs``, and ``step_prompt_logprobs`` the entries
+    of the prompt tokens that step's chunk predicted, as (prompt position of the first
+    entry, entries in order), for requests that ask for ``prompt_logprobs``; both are
+    replaced by the next step.
     """
 
     def __init__(
@@ -75,6 +82,8 @@ class NativeEngine(BlockAccountedEngine):
             max_positions=config.max_model_len,
         )
         self._blocks = BlockAccountant(config.num_blocks, config.block_size)
+        self.step_logprobs: dict[int, TokenLogprob] = {}
+        self.step_prompt_logprobs: dict[int, tuple[int, list[TokenLogprob]]] = {}
 
     @classmethod
     def load(
@@ -146,16 +155,29 @@ class NativeEngine(BlockAccountedEngine):
         positions: list[int] = []
         sample_rows: list[int] = []
         sampled_requests: list[Request] = []
+        # (request, first row, position of its first predicted token, predicted tokens)
+        prompt_rows: list[tuple[Request, int, int, list[int]]] = []
         for chunk in ordered:
             request = chunk.request
             first = request.num_computed_tokens
+            row = len(token_ids)
             token_ids.extend(_token_ids(request, first, first + chunk.num_tokens))
             positions.extend(range(first, first + chunk.num_tokens))
             if first + chunk.num_tokens == request.num_tokens:
                 sample_rows.append(len(token_ids) - 1)
                 sampled_requests.append(request)
+            if request.sampling.prompt_logprobs is not None:
+                # Row i predicts the token at position first + i + 1: within the prompt?
+                prompt = request.prompt_token_ids or []
+                end = min(first + chunk.num_tokens, len(prompt) - 1)
+                if end > first:
+                    prompt_rows.append((request, row, first + 1, list(prompt[first + 1 : end + 1])))
         layout = self._layout(decode, prefill)
-        logits = self._forward(token_ids, positions, sample_rows, layout)
+        extra_rows = [r + i for _, r, _, nexts in prompt_rows for i in range(len(nexts))]
+        all_logits = self._forward(token_ids, positions, [*sample_rows, *extra_rows], layout)
+        logits = all_logits[: len(sample_rows)]
+        self._prompt_logprobs(prompt_rows, all_logits[len(sample_rows) :])
+        self.step_logprobs = {}
         for chunk in chunks:
             chunk.request.num_computed_tokens += chunk.num_tokens
             self._cache.set_length(self._slot(chunk.request), chunk.request.num_computed_tokens)
@@ -165,9 +187,14 @@ class NativeEngine(BlockAccountedEngine):
             seed = request.sampling.seed
             if seed is None:
                 seed = self._base_seed + request.request_id
-            index = request.sampling.first_output_index + request.num_output_tokens
-            token = sample(logits[row], request.sampling, seed, index)
+            params = request.sampling
+            index = params.first_output_index + request.num_output_tokens
+            banned = self.loaded.eos_token_ids if index < params.min_tokens else frozenset()
+            token = sample(logits[row], params, seed, index, banned)
             sampled[request.request_id] = token
+            if params.logprobs is not None:
+                entry = token_logprobs(logits[row : row + 1], [token], params.logprobs)[0]
+                self.step_logprobs[request.request_id] = entry
             if should_stop(
                 self.tokenizer,
                 self.loaded.eos_token_ids,
@@ -187,6 +214,17 @@ class NativeEngine(BlockAccountedEngine):
             num_used_blocks=self._blocks.num_used_blocks,
             num_total_blocks=self._blocks.num_total_blocks,
         )
+
+    def _prompt_logprobs(
+        self, prompt_rows: list[tuple[Request, int, int, list[int]]], logits: torch.Tensor
+    ) -> None:
+        self.step_prompt_logprobs = {}
+        offset = 0
+        for request, _, start, nexts in prompt_rows:
+            rows = logits[offset : offset + len(nexts)]
+            offset += len(nexts)
+            entries = token_logprobs(rows, nexts, request.sampling.prompt_logprobs or 0)
+            self.step_prompt_logprobs[request.request_id] = (start, entries)
 
     def _admit_chunk(self, chunk: ScheduledChunk) -> None:
         request = chunk.request

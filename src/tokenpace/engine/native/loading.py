@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from tokenpace.engine.dtype import resolve_dtype
 from tokenpace.engine.native.config import EMBEDDED_MODEL, NativeEngineConfig
 from tokenpace.engine.native.random_model import build_random_model, is_random_source
 
@@ -188,7 +189,7 @@ def load_model(config: NativeEngineConfig, clock: Callable[[], float]) -> Loaded
         return _load_random(config, clock, start)
     directory, tier = ensure_checkpoint(config)
     device = resolve_device(config.device)
-    dtype = _DTYPES[config.dtype]
+    dtype = _DTYPES[resolve_dtype(config.dtype, device.type)]
     tokenizer = tf.AutoTokenizer.from_pretrained(directory, local_files_only=True)
     model = tf.AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, local_files_only=True)
     _into_memory(model, device)

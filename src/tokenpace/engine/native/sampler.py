@@ -7,12 +7,22 @@ import torch
 from tokenpace.core.sampling import SamplingParams, token_seed
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, seed: int, output_index: int) -> int:
-    """Choose the next token from ``logits`` (``[vocab]``, float32, CPU).
+def sample(
+    logits: torch.Tensor,
+    params: SamplingParams,
+    seed: int,
+    output_index: int,
+    banned: frozenset[int] = frozenset(),
+) -> int:
+    """Choose the next token from ``logits`` (``[vocab]``, float32, CPU), never one of
+    ``banned`` (EOS before ``min_tokens``).
 
     ``temperature == 0`` is argmax. Otherwise the distribution ``softmax(logits / T)`` is cut
     to the smallest set of most likely tokens whose mass reaches ``top_p`` and sampled with a
     generator seeded by ``token_seed(seed, output_index)``."""
+    if banned:
+        logits = logits.clone()
+        logits[sorted(banned)] = float("-inf")
     if params.temperature == 0:
         return int(torch.argmax(logits).item())
     probs = torch.softmax(logits / params.temperature, dim=-1)

@@ -7,10 +7,11 @@ from pathlib import Path
 from typing import Any
 
 from tokenpace.core.config import option, require_positive
+from tokenpace.engine.dtype import DTYPE_CHOICES, resolve_dtype
 
 SCHEDULER_CLS = "tokenpace.engine.vllm.scheduler.TokenpaceScheduler"
 ASYNC_SCHEDULER_CLS = "tokenpace.engine.vllm.scheduler.TokenpaceAsyncScheduler"
-DTYPES = ("bfloat16", "float16", "float32")
+DTYPES = DTYPE_CHOICES
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,7 +24,11 @@ class VllmEngineConfig:
     """
 
     model: str = option("", "Local Hugging Face model directory.")
-    dtype: str = option("bfloat16", "Weights and activations: bfloat16, float16 or float32.")
+    dtype: str = option(
+        "auto",
+        "Weights and activations: bfloat16, float16, float32 or auto (bfloat16 where the "
+        "device computes it natively, else float32).",
+    )
     enforce_eager: bool = option(True, "Skip torch.compile (starts in ~20 s instead of ~100 s).")
     max_model_len: int = option(1024, "Longest prompt + output of one request (tokens).")
     max_num_seqs: int = option(64, "Most requests running at once.")
@@ -58,6 +63,13 @@ class VllmEngineConfig:
             )
 
     @property
+    def resolved_dtype(self) -> str:
+        """``dtype`` with ``auto`` resolved by ``tokenpace.engine.dtype.resolve_dtype``."""
+        import torch
+
+        return resolve_dtype(self.dtype, "cuda" if torch.cuda.is_available() else "cpu")
+
+    @property
     def scheduler_cls(self) -> str:
         return ASYNC_SCHEDULER_CLS if self.async_scheduling else SCHEDULER_CLS
 
@@ -65,7 +77,7 @@ class VllmEngineConfig:
         """Keyword arguments for ``vllm.LLM`` (also valid for ``EngineArgs``)."""
         return {
             "model": self.model,
-            "dtype": self.dtype,
+            "dtype": self.resolved_dtype,
             "enforce_eager": self.enforce_eager,
             "max_model_len": self.max_model_len,
             "max_num_seqs": self.max_num_seqs,

@@ -12,6 +12,7 @@ from typing import Protocol
 
 from tokenpace.core.registry import Registry
 from tokenpace.engine.profile import EngineProfile
+from tokenpace.server.worker.dtype_choice import DtypeChoice
 from tokenpace.server.worker.wire import Finished, LoadState, Report, WorkerSpec, WorkItem
 
 Clock = Callable[[], float]
@@ -27,6 +28,11 @@ class ServingBackend(Protocol):
 
     @property
     def kv_capacity_tokens(self) -> int: ...
+
+    @property
+    def dtype_choice(self) -> DtypeChoice:
+        """The precision the engine runs in (and what ``auto`` measured to choose it)."""
+        ...
 
     @property
     def has_work(self) -> bool: ...

@@ -14,6 +14,7 @@ import queue
 import threading
 import time
 import traceback
+from dataclasses import replace
 from multiprocessing.connection import Connection
 
 from tokenpace.server.worker.backend import BACKENDS, Clock, ServingBackend
@@ -82,7 +83,18 @@ def run_worker(spec: WorkerSpec, conn: Connection, clock: Clock = time.perf_coun
         sender.send(Fault(_describe(error)))
         sender.close()
         raise SystemExit(1) from None
-    sender.send(Ready(os.getpid(), clock() - start, backend.profile, backend.kv_capacity_tokens))
+    choice = backend.dtype_choice
+    sender.send(
+        Ready(
+            os.getpid(),
+            clock() - start,
+            backend.profile,
+            backend.kv_capacity_tokens,
+            choice.dtype,
+            choice.batch,
+            choice.step_ms,
+        )
+    )
     try:
         _serve(backend, conn, sender)
     except Exception as error:
@@ -115,9 +127,7 @@ def _serve(backend: ServingBackend, conn: Connection, sender: _Sender) -> None:
                 conn.poll(_RETRY_WAIT_S)
             continue
         if finished:
-            report = Report(
-                report.tokens, report.admitted, (*finished, *report.finished), report.load
-            )
+            report = replace(report, finished=(*finished, *report.finished))
         sender.send(report)
 
 

@@ -4,31 +4,47 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 
+from tokenpace.core.logprobs import TokenLogprob
 from tokenpace.core.request import FinishReason, Request
 from tokenpace.core.sampling import SamplingParams
+from tokenpace.engine.dtype import AUTO
 from tokenpace.engine.native import NativeEngine, NativeEngineConfig
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.policy import Policy, build_policy
 from tokenpace.policy.fcfs import FcfsPolicy
 from tokenpace.runtime.step_loop import StepLoop
 from tokenpace.server.worker.backend import BACKENDS, Clock
-from tokenpace.server.worker.profile import measure_profile
+from tokenpace.server.worker.dtype_choice import DtypeChoice, choose_dtype
+from tokenpace.server.worker.profile import WARMUP_PROMPT_TOKENS, measure_profile
 from tokenpace.server.worker.wire import Finished, LoadState, Report, WorkerSpec, WorkItem
+
+# Decode steps timed when --dtype auto compares precisions (after one prefill step).
+DTYPE_DECODE_STEPS = 6
 
 
 class StepLoopBackend:
     """A ``StepLoop`` over a loaded engine: the policy plans every step."""
 
     def __init__(
-        self, engine: NativeEngine, profile: EngineProfile, policy: Policy, clock: Clock
+        self,
+        engine: NativeEngine,
+        profile: EngineProfile,
+        policy: Policy,
+        clock: Clock,
+        dtype_choice: DtypeChoice,
     ) -> None:
         self._engine = engine
+        self.dtype_choice = dtype_choice
         self._profile = profile
         self._clock = clock
         self._loop = StepLoop(policy, engine, record_steps=False)
         self._requests: dict[int, Request] = {}
         self._waiting_ids: set[int] = set()
+        # Prompt logprobs gathered chunk by chunk (by prompt position) until the prompt is
+        # whole; a recomputed prefill (after a preemption) overwrites the same positions.
+        self._prompt_logprobs: dict[int, dict[int, TokenLogprob]] = {}
 
     @property
     def profile(self) -> EngineProfile:
@@ -61,6 +77,8 @@ class StepLoopBackend:
                 continue
             self._requests[item.request_id] = request
             self._waiting_ids.add(item.request_id)
+            if item.sampling.prompt_logprobs is not None:
+                self._prompt_logprobs[item.request_id] = {}
         return refused
 
     def abort(self, request_ids: Sequence[int]) -> list[Finished]:
@@ -72,6 +90,7 @@ class StepLoopBackend:
             aborted = self._loop.abort(request_id, now)
             request = self._requests.pop(request_id)
             self._waiting_ids.discard(request_id)
+            self._prompt_logprobs.pop(request_id, None)
             count = (aborted or request).num_output_tokens
             done.append(Finished(request_id, FinishReason.ABORT, count))
         self._loop.finished.clear()
@@ -88,18 +107,48 @@ class StepLoopBackend:
             if admitted:
                 return Report((), admitted, (), self.load_state())
             return None
+        prompt_logprobs = self._gather_prompt_logprobs()
         done = loop.complete_step(step, self._clock())
         loop.finished.clear()
         tokens = []
+        logprobs = []
+        step_logprobs = self._engine.step_logprobs
         for request_id in step.result.sampled_token_ids:
             request = self._requests[request_id]
             tokens.append((request_id, request.output_token_ids[-1], request.token_times_s[-1]))
+            if request_id in step_logprobs:
+                logprobs.append((request_id, step_logprobs[request_id]))
         finished = []
         for request in done:
             self._requests.pop(request.request_id, None)
+            self._prompt_logprobs.pop(request.request_id, None)
             reason = request.finish_reason or FinishReason.LENGTH
             finished.append(Finished(request.request_id, reason, request.num_output_tokens))
-        return Report(tuple(tokens), admitted, tuple(finished), self.load_state())
+        return Report(
+            tuple(tokens),
+            admitted,
+            tuple(finished),
+            self.load_state(),
+            tuple(logprobs),
+            prompt_logprobs,
+        )
+
+    def _gather_prompt_logprobs(self) -> tuple[tuple[int, tuple[TokenLogprob, ...]], ...]:
+        """Fold the last step's prompt logprobs in; return those of prompts now whole
+        (each request's once)."""
+        whole = []
+        for request_id, (start, entries) in self._engine.step_prompt_logprobs.items():
+            gathered = self._prompt_logprobs.get(request_id)
+            if gathered is None:
+                continue
+            for offset, entry in enumerate(entries):
+                gathered[start + offset] = entry
+        for request_id, gathered in list(self._prompt_logprobs.items()):
+            request = self._requests[request_id]
+            if request.num_computed_tokens >= request.num_prompt_tokens:
+                del self._prompt_logprobs[request_id]
+                whole.append((request_id, tuple(gathered[p] for p in sorted(gathered))))
+        return tuple(whole)
 
     def _admitted(self) -> tuple[tuple[int, float], ...]:
         admitted = []
@@ -138,7 +187,7 @@ def build_native(spec: WorkerSpec, clock: Clock) -> StepLoopBackend:
     # Spinning OpenMP workers would starve the other containers sharing these cores.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    engine = NativeEngine.load(config, clock=clock)
+    engine, choice = _load_engine(config, spec, clock)
     profile = spec.profile
     if profile is None:
         profile = measure_profile(
@@ -150,7 +199,35 @@ def build_native(spec: WorkerSpec, clock: Clock) -> StepLoopBackend:
             "the native engine",
         )
     policy = build_policy(spec.policy, profile, spec.slo)
-    return StepLoopBackend(engine, profile, policy, clock)
+    return StepLoopBackend(engine, profile, policy, clock, choice)
+
+
+def _load_engine(
+    config: NativeEngineConfig, spec: WorkerSpec, clock: Clock
+) -> tuple[NativeEngine, DtypeChoice]:
+    """The engine in ``config.dtype``; for ``auto``, in the precision an earlier
+    incarnation chose, else in the one measured fastest at batch B0 (``choose_dtype``)."""
+    batch = spec.calibration.b0
+    if config.dtype != AUTO:
+        return NativeEngine.load(config, clock=clock), DtypeChoice(config.dtype, batch)
+    if spec.dtype is not None:
+        engine = NativeEngine.load(replace(config, dtype=spec.dtype), clock=clock)
+        return engine, DtypeChoice(spec.dtype, batch)
+
+    num_prompt = max(1, min(WARMUP_PROMPT_TOKENS, config.max_model_len // 2))
+    num_output = max(2, min(DTYPE_DECODE_STEPS, config.max_model_len - num_prompt))
+
+    def decode_steps_s(engine: NativeEngine, num_requests: int) -> list[float]:
+        steps = time_batch(engine, clock, num_requests, num_prompt, num_output)
+        return steps[1:]  # the first step is the prefill
+
+    chosen = choose_dtype(
+        lambda dtype: NativeEngine.load(replace(config, dtype=dtype), clock=clock),
+        lambda engine: time_batch(engine, clock, 1, num_prompt, 2),
+        decode_steps_s,
+        batch,
+    )
+    return chosen.engine, chosen.choice
 
 
 def time_batch(

@@ -15,12 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tokenpace.core.logprobs import LOGPROB_FLOOR, TokenLogprob
 from tokenpace.core.request import FinishReason, Request
 from tokenpace.core.sampling import SamplingParams, token_seed
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.engine.vllm.config import VllmEngineConfig
 from tokenpace.engine.vllm.runner import policy_for, start_engine
 from tokenpace.server.worker.backend import BACKENDS, Clock
+from tokenpace.server.worker.dtype_choice import DtypeChoice
 from tokenpace.server.worker.profile import measure_profile
 from tokenpace.server.worker.wire import (
     Calibration,
@@ -48,14 +50,20 @@ class _Live:
     mirrored: Request | None
     num_output_tokens: int = 0
     admission_reported: bool = False
+    prompt_token_ids: tuple[int, ...] | None = None  # kept when prompt logprobs are wanted
+    num_logprobs: int = 0
+    num_prompt_logprobs: int = 0
 
 
 class VllmBackend:
     """A ``ServingBackend`` over an in-process ``vllm.LLM`` whose scheduler is tokenpace's."""
 
-    def __init__(self, llm: Any, profile: EngineProfile, clock: Clock) -> None:
+    def __init__(
+        self, llm: Any, profile: EngineProfile, clock: Clock, dtype_choice: DtypeChoice
+    ) -> None:
         from tokenpace.engine.vllm.scheduler import scheduler_of
 
+        self.dtype_choice = dtype_choice
         self._llm = llm
         self._engine: Any = llm.llm_engine
         self._scheduler: TokenpaceScheduler = scheduler_of(llm)
@@ -98,7 +106,12 @@ class VllmBackend:
                 refused.append(Finished(item.request_id, None, 0, str(error)))
                 continue
             mirrored = self._scheduler.mirror.get(engine_id)
-            self._live[item.request_id] = _Live(item.request_id, engine_id, mirrored)
+            live = _Live(item.request_id, engine_id, mirrored)
+            if item.sampling.prompt_logprobs is not None:
+                live.prompt_token_ids = item.prompt_token_ids
+                live.num_prompt_logprobs = item.sampling.prompt_logprobs
+            live.num_logprobs = item.sampling.logprobs or 0
+            self._live[item.request_id] = live
             self._by_engine_id[_external_id(item)] = item.request_id
             self._by_engine_id[engine_id] = item.request_id
         return refused
@@ -123,20 +136,40 @@ class VllmBackend:
         now = self._clock()
         admitted = self._admitted()
         tokens: list[tuple[int, int, float]] = []
+        logprobs: list[tuple[int, TokenLogprob]] = []
+        prompt_logprobs: list[tuple[int, tuple[TokenLogprob, ...]]] = []
         finished: list[Finished] = []
         for output in outputs:
             request_id = self._by_engine_id.get(str(output.request_id))
             live = None if request_id is None else self._live.get(request_id)
             if live is None:
                 continue
+            if live.prompt_token_ids is not None and output.prompt_logprobs:
+                ids = live.prompt_token_ids[1:]
+                k = live.num_prompt_logprobs
+                positions = list(output.prompt_logprobs)[1:]
+                entries = tuple(_entry(t, p, k) for t, p in zip(ids, positions, strict=True))
+                prompt_logprobs.append((live.request_id, entries))
+                live.prompt_token_ids = None
             completion = output.outputs[0]
             new = [int(t) for t in completion.token_ids]
             live.num_output_tokens += len(new)
             tokens.extend((live.request_id, token, now) for token in new)
+            if completion.logprobs:
+                k = live.num_logprobs
+                pairs = zip(new, list(completion.logprobs), strict=True)
+                logprobs.extend((live.request_id, _entry(t, p, k)) for t, p in pairs)
             if output.finished:
                 self._forget(live.request_id)
                 finished.append(_finished(live, str(completion.finish_reason)))
-        return Report(tuple(tokens), admitted, tuple(finished), self.load_state())
+        return Report(
+            tuple(tokens),
+            admitted,
+            tuple(finished),
+            self.load_state(),
+            tuple(logprobs),
+            tuple(prompt_logprobs),
+        )
 
     def _forget(self, request_id: int) -> _Live:
         live = self._live.pop(request_id)
@@ -201,7 +234,9 @@ def build_vllm(spec: WorkerSpec, clock: Clock) -> VllmBackend:
     if profile is None:
         profile = calibrate_vllm_profile(llm, clock, spec.calibration, config.max_model_len)
     scheduler.use_policy(policy_for(llm, spec.policy, profile, spec.slo))
-    return VllmBackend(llm, profile, clock)
+    # vLLM starts too slowly to load twice: auto follows the hardware rule (engine.dtype).
+    choice = DtypeChoice(config.resolved_dtype, spec.calibration.b0)
+    return VllmBackend(llm, profile, clock, choice)
 
 
 def calibrate_vllm_profile(
@@ -269,8 +304,24 @@ def _vllm_sampling(sampling: SamplingParams, max_tokens: int) -> Any:
         seed=seed,
         stop=list(sampling.stop) or None,
         ignore_eos=sampling.ignore_eos,
+        min_tokens=max(0, sampling.min_tokens - sampling.first_output_index),
+        logprobs=sampling.logprobs,
+        prompt_logprobs=sampling.prompt_logprobs,
         output_kind=RequestOutputKind.DELTA,
     )
+
+
+def _entry(token_id: int, position: Any, num_top: int) -> TokenLogprob:
+    """A ``TokenLogprob`` from vLLM's ``{token_id: Logprob}`` of one position, which holds
+    the ``num_top`` most likely tokens (ranks 1..num_top) and the chosen one."""
+    chosen = position.get(token_id)
+    value = LOGPROB_FLOOR if chosen is None else max(float(chosen.logprob), LOGPROB_FLOOR)
+    ranked = sorted(
+        (p.rank, int(t), max(float(p.logprob), LOGPROB_FLOOR))
+        for t, p in position.items()
+        if p.rank is not None and p.rank <= num_top
+    )
+    return TokenLogprob(int(token_id), value, tuple((t, v) for _, t, v in ranked))
 
 
 def _external_id(item: WorkItem) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tokenpace.core.logprobs import TokenLogprob
 from tokenpace.core.request import FinishReason
 from tokenpace.core.sampling import SamplingParams
 from tokenpace.engine.profile import EngineProfile
@@ -44,7 +45,8 @@ class Calibration:
 class WorkerSpec:
     """What a worker process needs to build its backend: the engine registry name and its
     config, the policy registry name, the profile measured by an earlier incarnation (None:
-    measure one), where build caches go, and the SLO that SLO-targeted policies aim at."""
+    measure one), where build caches go, the SLO that SLO-targeted policies aim at, and the
+    precision an earlier incarnation chose for ``auto`` (None: choose)."""
 
     engine: str
     engine_config: object
@@ -53,6 +55,7 @@ class WorkerSpec:
     profile: EngineProfile | None = None
     build_dir: Path | None = None
     slo: Slo = field(default_factory=Slo)
+    dtype: str | None = None  # chosen by an earlier incarnation under --dtype auto
 
 
 # -- server -> worker ------------------------------------------------------------------
@@ -87,12 +90,17 @@ Command = Submit | Abort | AbortAll | Shutdown
 @dataclass(frozen=True, slots=True)
 class Ready:
     """The engine is loaded. ``load_s``: process start to ready (imports, weights,
-    profile). ``kv_capacity_tokens``: the whole KV cache of this engine."""
+    profile). ``kv_capacity_tokens``: the whole KV cache of this engine. ``dtype``: the
+    precision it runs in; ``dtype_step_ms``: the decode step per candidate precision at
+    ``dtype_batch`` requests when ``auto`` measured them (milliseconds; else empty)."""
 
     pid: int
     load_s: float
     profile: EngineProfile
     kv_capacity_tokens: int
+    dtype: str = ""
+    dtype_batch: int = 0
+    dtype_step_ms: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,12 +129,17 @@ class LoadState:
 @dataclass(frozen=True, slots=True)
 class Report:
     """What happened since the last report: tokens ``(request_id, token_id, time_s)``,
-    admissions ``(request_id, admitted_s)``, finished requests, and the load now."""
+    admissions ``(request_id, admitted_s)``, finished requests, and the load now.
+    ``logprobs``: ``(request_id, entry)`` for each token of a request that asked for
+    logprobs, in the order of ``tokens``; ``prompt_logprobs``: ``(request_id, entries)``
+    of prompt positions 1.., sent once, before the request's first token."""
 
     tokens: tuple[tuple[int, int, float], ...]
     admitted: tuple[tuple[int, float], ...]
     finished: tuple[Finished, ...]
     load: LoadState
+    logprobs: tuple[tuple[int, TokenLogprob], ...] = ()
+    prompt_logprobs: tuple[tuple[int, tuple[TokenLogprob, ...]], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
