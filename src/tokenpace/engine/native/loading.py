@@ -212,7 +212,7 @@ def _load_random(
     config: NativeEngineConfig, clock: Callable[[], float], start: float
 ) -> LoadedModel:
     device = resolve_device(config.device)
-    dtype = _DTYPES[config.dtype]
+    dtype = _DTYPES[resolve_dtype(config.dtype, device.type)]
     model, path = build_random_model(config.model, device, dtype)
     model.eval()
     if device.type == "cuda":
