@@ -36,6 +36,7 @@ def vllm_llm() -> Iterator[Any]:
             max_num_seqs=32,
             max_num_batched_tokens=512,
             kv_cache_memory_bytes=KV_CACHE_BYTES,
+            dtype="bfloat16",  # KV_CACHE_BYTES is sized in bfloat16 blocks
         )
         llm = LLM(**config.llm_kwargs())
         yield llm
