@@ -27,6 +27,20 @@ def prompt_ids(url: str, body: dict[str, Any]) -> list[int]:
     return ids
 
 
+def assert_top_matches(served: dict[str, float], row: Any, k: int, reference: Reference) -> None:
+    """The served top-k equals the forward pass's, except that two candidates within the
+    dtype's rounding of each other may swap places at the edge of the top k."""
+    dtype = reference.dtype
+    smallest = min(served.values())
+    best = row.topk(k)
+    for token, value in zip(best.indices.tolist(), best.values.tolist(), strict=True):
+        key = reference.text(token)
+        if key in served:
+            assert close(served[key], value, dtype), key
+        else:
+            assert close(smallest, value, dtype), key
+
+
 def test_completion_logprobs_and_echo_match_a_forward_pass(
     server: RunningServer, reference: Reference
 ) -> None:
@@ -46,10 +60,7 @@ def test_completion_logprobs_and_echo_match_a_forward_pass(
         row = expected[position - 1]
         got = lp["token_logprobs"][position]
         assert close(got, float(row[everything[position]]), dtype), position
-        top = lp["top_logprobs"][position]
-        best = row.topk(3)
-        for token, value in zip(best.indices.tolist(), best.values.tolist(), strict=True):
-            assert close(top[reference.text(token)], value, dtype)
+        assert_top_matches(lp["top_logprobs"][position], row, 3, reference)
     text = answer["choices"][0]["text"]
     assert text.startswith(reference.tokenizer.decode(ids))
     assert lp["text_offset"][0] == 0
@@ -80,12 +91,9 @@ def test_chat_logprobs_and_top_logprobs_match_a_forward_pass(
         row = expected[len(ids) - 1 + i]
         assert close(entry["logprob"], float(row[output[i]]), dtype)
         assert entry["bytes"] == list(entry["token"].encode())
-        best = row.topk(2)
-        assert [t["token"] for t in entry["top_logprobs"]] == [
-            reference.text(t) for t in best.indices.tolist()
-        ]
-        for top, value in zip(entry["top_logprobs"], best.values.tolist(), strict=True):
-            assert close(top["logprob"], value, dtype)
+        served = {t["token"]: t["logprob"] for t in entry["top_logprobs"]}
+        assert len(served) == 2
+        assert_top_matches(served, row, 2, reference)
 
 
 @pytest.mark.parametrize("chat", [False, True])
