@@ -116,9 +116,6 @@ class KneeProblem:
     workload: RateWorkload
     slo: Slo
     search: KneeSearch = KneeSearch()
-    # The pool as deployed (cold containers, keep-alive, autoscaling); None: every
-    # container warm throughout.
-    pool: PoolConfig | None = None
 
     def cache_key(self) -> str:
         """A digest of everything that determines the answer (the workload's name and rate
@@ -133,7 +130,6 @@ class KneeProblem:
             "workload_type": type(self.workload).__name__,
             "slo": asdict(self.slo),
             "search": asdict(self.search),
-            "pool": asdict(self.pool) if self.pool else None,
         }
         text = json.dumps(document, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:24]
@@ -149,18 +145,13 @@ class RateSample:
 
 
 def evaluate_rate(problem: KneeProblem, rate_rps: float) -> RateSample:
-    """Run ``vllm_default`` on the problem's pool (all warm unless given) at ``rate_rps`` for
-    every search seed."""
+    """Run ``vllm_default`` on the all-warm pool at ``rate_rps`` for every search seed."""
     workload: Any = replace(problem.workload, rate_per_s=rate_rps)  # type: ignore[type-var]
-    pool = (
-        replace(problem.pool, num_containers=problem.num_containers, record_steps=False)
-        if problem.pool is not None
-        else PoolConfig(
-            num_containers=problem.num_containers,
-            initial_warm=problem.num_containers,
-            min_instances=problem.num_containers,
-            record_steps=False,
-        )
+    pool = PoolConfig(
+        num_containers=problem.num_containers,
+        initial_warm=problem.num_containers,
+        min_instances=problem.num_containers,
+        record_steps=False,
     )
     met = 0
     total = 0
@@ -295,17 +286,18 @@ class CapacityJob:
     initial_guess_rps: float
 
 
-def run_job(job: CapacityJob, cache_dir: Path | None) -> Capacity:
-    """The capacity of ``job``, through the cache."""
-    return cached_capacity(job.problem, job.initial_guess_rps, cache_dir)
-
-
 def measure_capacities(
     jobs: Mapping[str, CapacityJob], cache_dir: Path | None, workers: int = 1
 ) -> dict[str, Capacity]:
-    """``run_job`` for every job, by name, in ``workers`` processes."""
+    """``cached_capacity`` for every job, by name, in ``workers`` processes."""
     if workers <= 1 or len(jobs) <= 1:
-        return {name: run_job(job, cache_dir) for name, job in jobs.items()}
+        return {
+            name: cached_capacity(job.problem, job.initial_guess_rps, cache_dir)
+            for name, job in jobs.items()
+        }
     with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as executor:
-        futures = {name: executor.submit(run_job, job, cache_dir) for name, job in jobs.items()}
+        futures = {
+            name: executor.submit(cached_capacity, job.problem, job.initial_guess_rps, cache_dir)
+            for name, job in jobs.items()
+        }
         return {name: future.result() for name, future in futures.items()}

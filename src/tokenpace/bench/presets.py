@@ -216,7 +216,6 @@ def _all(options: PlanOptions) -> list[MatrixConfig]:
     return [main_part(options, knees["main"]), *scenario_parts(options, knees)]
 
 
-SLO_SCHEDULERS = POOL_SCHEDULERS
 ABLATION_SCHEDULERS = ("twp", *ABLATIONS)
 LOAD_CURVE_FACTORS = (0.3, 0.5, 0.7, 0.9, 1.1, 1.3, 1.5)
 ALPHA_FACTORS = (0.4, 1.0, 2.0)
@@ -257,7 +256,7 @@ def _goodput_curve(options: PlanOptions) -> list[MatrixConfig]:
     entries = {w.name: capacity_entry(knee, w.rate_per_s) for w in workloads}
     part = replace(
         pool_part(options, workloads, pool, capacity=entries),
-        schedulers=options.schedulers or SLO_SCHEDULERS,
+        schedulers=options.schedulers or POOL_SCHEDULERS,
         per_workload_figures=False,
     )
     return [part]
@@ -282,7 +281,7 @@ def _alpha(options: PlanOptions) -> list[MatrixConfig]:
         parts.append(
             replace(
                 pool_part(scaled, workloads, pool),
-                schedulers=options.schedulers or SLO_SCHEDULERS,
+                schedulers=options.schedulers or POOL_SCHEDULERS,
                 per_workload_figures=False,
             )
         )
