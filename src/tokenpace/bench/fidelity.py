@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenpace.bench.runners import RUNNERS, RunRequest
+from tokenpace.bench.runners import RunnerSet, RunRequest
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.metrics.run_metrics import RunKey, summarize_run
 from tokenpace.metrics.slo import Slo
@@ -45,12 +45,13 @@ def measure_fidelity(
     # Real engines stop requests through max_tokens: the simulator gets the same caps.
     specs = with_known_lengths(workload.generate(np.random.default_rng([seed, 0])))
     runs = {}
-    for runner in (engine, "sim"):
-        output = RUNNERS.get(runner)(
-            RunRequest(scheduler, specs, profile, np.random.default_rng([seed, 1]), slo)
-        )
-        key = RunKey(scheduler, workload.name, runner, seed)
-        runs[runner] = summarize_run(key, output.requests, 0.0, slo)
+    with RunnerSet() as runners:
+        for runner in (engine, "sim"):
+            output = runners.get(runner)(
+                RunRequest(scheduler, specs, profile, np.random.default_rng([seed, 1]), slo)
+            )
+            key = RunKey(scheduler, workload.name, runner, seed)
+            runs[runner] = summarize_run(key, output.requests, 0.0, slo)
     errors = {
         name: (_value(runs["sim"], path) - _value(runs[engine], path)) / _value(runs[engine], path)
         for name, path in COMPARED.items()

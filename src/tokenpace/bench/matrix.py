@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenpace.bench.runners import RUNNERS, RunRequest
+from tokenpace.bench.runners import Runner, RunnerSet, RunRequest
 from tokenpace.core.request import Request
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.metrics.qoe import QoeConfig
@@ -64,10 +64,16 @@ class CellResult:
     steps: dict[int, list[StepRecord]]
 
 
-def _run_cell(cell: CellSpec) -> CellResult:
+def _run_cell_alone(cell: CellSpec) -> CellResult:
+    """One cell in a process of its own: its runner opened for it alone."""
+    with RunnerSet() as runners:
+        return _run_cell(cell, runners.get(cell.part.runner))
+
+
+def _run_cell(cell: CellSpec, runner: Runner) -> CellResult:
     part = cell.part
     specs = cell.workload.generate(np.random.default_rng([cell.seed, 0]), part.prompts)
-    output = RUNNERS.get(part.runner)(
+    output = runner(
         RunRequest(
             scheduler=cell.scheduler,
             specs=specs,
@@ -110,17 +116,19 @@ def run_matrix(
     workers: int = 2,
     on_done: Callable[[CellSpec], None] | None = None,
 ) -> list[CellResult]:
-    """Results in ``cells`` order, whatever order the worker processes finish in."""
+    """Results in ``cells`` order, whatever order the worker processes finish in. With one
+    worker every cell runs in this process and a real engine is loaded once for all."""
     todo = cells(parts)
     if workers <= 1:
         results = []
-        for cell in todo:
-            results.append(_run_cell(cell))
-            if on_done:
-                on_done(cell)
+        with RunnerSet() as runners:
+            for cell in todo:
+                results.append(_run_cell(cell, runners.get(cell.part.runner)))
+                if on_done:
+                    on_done(cell)
         return results
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = [pool.submit(_run_cell, cell) for cell in todo]
+        futures = [pool.submit(_run_cell_alone, cell) for cell in todo]
         ordered = []
         for cell, future in zip(todo, futures, strict=True):
             ordered.append(future.result())

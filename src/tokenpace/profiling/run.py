@@ -268,7 +268,7 @@ def _start_and_profile_vllm(
     log: Log,
 ) -> EngineProfile:
     from tokenpace.engine.vllm.config import VllmEngineConfig
-    from tokenpace.engine.vllm.runner import start_engine
+    from tokenpace.engine.vllm.start import start_engine
     from tokenpace.profiling.vllm_sweep import VllmSweepConfig, profile_engine_config
 
     config = engine_config if engine_config is not None else profile_engine_config()
@@ -278,7 +278,7 @@ def _start_and_profile_vllm(
         raise TypeError(f"sweep must be a VllmSweepConfig, got {type(sweep).__name__}")
     log(f"starting vLLM on {config.model} ({config.dtype})")
     start = clock()
-    llm = start_engine(config, "fcfs", Path("build"))
+    llm = start_engine(config, Path("build"))
     engine_init_s = clock() - start
     log(f"engine started in {engine_init_s:.1f} s")
     try:

@@ -24,13 +24,9 @@ from tokenpace.engine.native.loading import LoadedModel, load_model
 from tokenpace.engine.native.logprobs import token_logprobs
 from tokenpace.engine.native.sampler import sample
 from tokenpace.engine.native.stopping import should_stop
+from tokenpace.workload.prompt_ids import prompt_ids
 
 Clock = Callable[[], float]
-
-# Synthetic prompts (requests with neither text nor ids, as length-only workloads make)
-# use ordinary vocabulary ids away from the special tokens at the start of the vocabulary.
-_SYNTHETIC_FIRST_ID = 1000
-_SYNTHETIC_SPAN = 20000
 
 
 class NativeEngine(BlockAccountedEngine):
@@ -304,17 +300,11 @@ def _ensure_prompt_ids(request: Request, tokenizer: Any) -> None:
     that length (workloads count prompt tokens with their own tokenizer), or synthetic ids."""
     n = request.num_prompt_tokens
     if request.prompt_token_ids is None:
-        if request.prompt is not None and tokenizer is None:
-            raise ValueError(
-                f"request {request.request_id}: this model has no tokenizer (random weights); "
-                "give prompt token ids or a length only"
-            )
-        ids = list(tokenizer.encode(request.prompt)) if request.prompt is not None else []
-        ids = ids[:n]
-        ids += [
-            _SYNTHETIC_FIRST_ID + (request.request_id * 7919 + i) % _SYNTHETIC_SPAN
-            for i in range(len(ids), n)
-        ]
+        encode = None if tokenizer is None else tokenizer.encode
+        try:
+            ids = prompt_ids(n, request.request_id, request.prompt, encode)
+        except ValueError as error:
+            raise ValueError(f"request {request.request_id}: {error}") from None
         request.prompt_token_ids = ids
     if len(request.prompt_token_ids) != n:
         raise ValueError(

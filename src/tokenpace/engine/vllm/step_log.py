@@ -9,6 +9,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TextIO
 
+from tokenpace.runtime.step_loop import StepRecord
+
 
 @dataclass(frozen=True, slots=True)
 class SchedulerStepRecord:
@@ -84,3 +86,30 @@ class StepLog:
         if self._sink is not None:
             self._sink.close()
             self._sink = None
+
+
+def to_step_records(records: list[SchedulerStepRecord]) -> list[StepRecord]:
+    """``records`` (consecutive steps) in the format of tokenpace's own step loop, for
+    results and figures. A step's latency is the one measured when the next step was
+    planned (the last step's is unknown: 0)."""
+    steps = []
+    for i, step in enumerate(records):
+        following = records[i + 1] if i + 1 < len(records) else None
+        latency = following.last_step_latency_s if following is not None else None
+        steps.append(
+            StepRecord(
+                step_index=step.step_index,
+                start_s=step.start_s,
+                latency_s=latency or 0.0,
+                num_running=step.num_running + len(step.admitted_ids),
+                num_waiting=step.num_waiting - len(step.admitted_ids),
+                num_decode_tokens=step.num_decode_tokens,
+                num_prefill_tokens=step.num_scheduled_tokens - step.num_decode_tokens,
+                num_admitted=len(step.admitted_ids),
+                num_forced=len(step.forced_ids),
+                num_preempted=step.num_preempted,
+                num_used_blocks=step.num_total_blocks - step.num_free_blocks,
+                telemetry=step.telemetry,
+            )
+        )
+    return steps

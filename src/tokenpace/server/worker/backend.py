@@ -1,8 +1,10 @@
 """The step-level interface a worker drives, whatever engine sits behind it.
 
 A backend owns one loaded engine and the scheduling policy in charge of it. The worker
-feeds it requests and aborts between steps and calls ``step`` while ``has_work``.
-Backends register under the engine names ``tokenpace serve --engine`` accepts.
+feeds it requests and aborts between steps and calls ``step`` while ``has_work``; a
+benchmark does the same through ``runtime.replay`` (one wall-clock arrival loop), changing
+the policy between runs with ``use_policy``. Backends register under the engine names
+``tokenpace serve --engine`` accepts.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from typing import Protocol
 
 from tokenpace.core.registry import Registry
 from tokenpace.engine.profile import EngineProfile
+from tokenpace.metrics.slo import Slo
+from tokenpace.runtime.step_loop import StepRecord
 from tokenpace.server.worker.dtype_choice import DtypeChoice
 from tokenpace.server.worker.wire import Finished, LoadState, Report, WorkerSpec, WorkItem
 
@@ -53,6 +57,27 @@ class ServingBackend(Protocol):
         ...
 
     def load_state(self) -> LoadState: ...
+
+    def encode(self, text: str) -> list[int]:
+        """``text`` as the engine's token ids; raises ValueError when it has no tokenizer."""
+        ...
+
+    def use_policy(
+        self, name: str, profile: EngineProfile, slo: Slo, record_steps: bool = False
+    ) -> None:
+        """Put the registered policy ``name``, built from ``profile`` (KV facts from the
+        live engine), in charge from the next step on, and start a new step record (kept
+        only with ``record_steps``). Only while the backend has no work."""
+        ...
+
+    def step_records(self) -> list[StepRecord]:
+        """The steps run since ``use_policy`` asked to record them (times on the
+        backend's clock, seconds)."""
+        ...
+
+    def shutdown(self) -> None:
+        """Abort everything and release the engine."""
+        ...
 
 
 BackendBuilder = Callable[[WorkerSpec, Clock], ServingBackend]

@@ -11,11 +11,14 @@ from __future__ import annotations
 import importlib
 import os
 import queue
+import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import replace
 from multiprocessing.connection import Connection
+from pathlib import Path
 
 from tokenpace.server.worker.backend import BACKENDS, Clock, ServingBackend
 from tokenpace.server.worker.wire import (
@@ -38,6 +41,17 @@ BACKEND_MODULES = {
     "vllm": "tokenpace.server.worker.vllm_backend",
 }
 _RETRY_WAIT_S = 0.005
+
+
+def _vllm_process(build_dir: Path | None) -> None:
+    from tokenpace.engine.vllm.start import apply_local_environment
+
+    apply_local_environment(build_dir or Path(tempfile.gettempdir()) / "tokenpace-vllm")
+
+
+# What an engine needs set in its process before it loads, given the build folder: called
+# where such a process begins (a worker, a benchmark's entry point).
+PROCESS_SETUP: dict[str, Callable[[Path | None], None]] = {"vllm": _vllm_process}
 
 
 class _Sender:
@@ -78,6 +92,9 @@ def run_worker(spec: WorkerSpec, conn: Connection, clock: Clock = time.perf_coun
     sender = _Sender(conn)
     start = clock()
     try:
+        setup = PROCESS_SETUP.get(spec.engine)
+        if setup is not None:
+            setup(spec.build_dir)
         backend = build_backend(spec, clock)
     except Exception as error:
         sender.send(Fault(_describe(error)))

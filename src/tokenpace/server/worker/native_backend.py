@@ -12,9 +12,10 @@ from tokenpace.core.sampling import SamplingParams
 from tokenpace.engine.dtype import AUTO
 from tokenpace.engine.native import NativeEngine, NativeEngineConfig
 from tokenpace.engine.profile import EngineProfile
+from tokenpace.metrics.slo import Slo
 from tokenpace.policy import Policy, build_policy
 from tokenpace.policy.fcfs import FcfsPolicy
-from tokenpace.runtime.step_loop import StepLoop
+from tokenpace.runtime.step_loop import StepLoop, StepRecord
 from tokenpace.server.worker.backend import BACKENDS, Clock
 from tokenpace.server.worker.dtype_choice import DtypeChoice, choose_dtype
 from tokenpace.server.worker.profile import WARMUP_PROMPT_TOKENS, measure_profile
@@ -45,6 +46,14 @@ class StepLoopBackend:
         # Prompt logprobs gathered chunk by chunk (by prompt position) until the prompt is
         # whole; a recomputed prefill (after a preemption) overwrites the same positions.
         self._prompt_logprobs: dict[int, dict[int, TokenLogprob]] = {}
+
+    @classmethod
+    def over(
+        cls, engine: NativeEngine, profile: EngineProfile, policy: str, slo: Slo, clock: Clock
+    ) -> StepLoopBackend:
+        """A backend over an engine loaded elsewhere (in its configured precision)."""
+        choice = DtypeChoice(str(engine.loaded.dtype).removeprefix("torch."), profile.b0)
+        return cls(engine, profile, build_policy(policy, profile, slo), clock, choice)
 
     @property
     def profile(self) -> EngineProfile:
@@ -99,6 +108,26 @@ class StepLoopBackend:
     def abort_all(self) -> list[Finished]:
         return self.abort(list(self._requests))
 
+    def encode(self, text: str) -> list[int]:
+        tokenizer = self._engine.tokenizer
+        if tokenizer is None:
+            raise ValueError("this model has no tokenizer (random weights); give a length only")
+        return [int(t) for t in tokenizer.encode(text)]
+
+    def use_policy(
+        self, name: str, profile: EngineProfile, slo: Slo, record_steps: bool = False
+    ) -> None:
+        if self._loop.has_work:
+            raise RuntimeError("the policy can only change while no request is in the engine")
+        self._profile = profile
+        self._loop = StepLoop(build_policy(name, profile, slo), self._engine, record_steps)
+
+    def step_records(self) -> list[StepRecord]:
+        return list(self._loop.steps)
+
+    def shutdown(self) -> None:
+        self.abort_all()
+
     def step(self) -> Report | None:
         loop = self._loop
         step = loop.begin_step(self._clock())
@@ -123,7 +152,15 @@ class StepLoopBackend:
             self._requests.pop(request.request_id, None)
             self._prompt_logprobs.pop(request.request_id, None)
             reason = request.finish_reason or FinishReason.LENGTH
-            finished.append(Finished(request.request_id, reason, request.num_output_tokens))
+            finished.append(
+                Finished(
+                    request.request_id,
+                    reason,
+                    request.num_output_tokens,
+                    num_preemptions=request.num_preemptions,
+                    num_recomputed_tokens=request.num_recomputed_tokens,
+                )
+            )
         return Report(
             tuple(tokens),
             admitted,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +20,11 @@ from tokenpace.core.request import FinishReason, Request
 from tokenpace.core.sampling import SamplingParams, token_seed
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.engine.vllm.config import VllmEngineConfig
-from tokenpace.engine.vllm.runner import policy_for, start_engine
+from tokenpace.engine.vllm.start import start_engine
+from tokenpace.engine.vllm.step_log import to_step_records
+from tokenpace.metrics.slo import Slo
+from tokenpace.policy import Policy, build_policy
+from tokenpace.runtime.step_loop import StepRecord
 from tokenpace.server.worker.backend import BACKENDS, Clock
 from tokenpace.server.worker.dtype_choice import DtypeChoice
 from tokenpace.server.worker.profile import measure_profile
@@ -70,6 +74,7 @@ class VllmBackend:
         self._profile = profile
         self._clock = clock
         self._live: dict[int, _Live] = {}
+        self._first_recorded_step: int | None = None
         # vLLM reports outputs under the id we passed; its internal id is kept as a fallback.
         self._by_engine_id: dict[str, int] = {}
 
@@ -161,7 +166,14 @@ class VllmBackend:
                 logprobs.extend((live.request_id, _entry(t, p, k)) for t, p in pairs)
             if output.finished:
                 self._forget(live.request_id)
-                finished.append(_finished(live, str(completion.finish_reason)))
+                done = _finished(live, str(completion.finish_reason))
+                if live.mirrored is not None:
+                    done = replace(
+                        done,
+                        num_preemptions=live.mirrored.num_preemptions,
+                        num_recomputed_tokens=live.mirrored.num_recomputed_tokens,
+                    )
+                finished.append(done)
         return Report(
             tuple(tokens),
             admitted,
@@ -210,6 +222,26 @@ class VllmBackend:
             telemetry=dict(scheduler.tokenpace_policy.telemetry()),
         )
 
+    def encode(self, text: str) -> list[int]:
+        return [int(t) for t in self._llm.get_tokenizer().encode(text)]
+
+    def use_policy(
+        self, name: str, profile: EngineProfile, slo: Slo, record_steps: bool = False
+    ) -> None:
+        if self.has_work:
+            raise RuntimeError("the policy can only change while no request is in the engine")
+        self._profile = profile
+        self._scheduler.use_policy(policy_for(self._llm, name, profile, slo))
+        self._first_recorded_step = self._scheduler.step_index if record_steps else None
+
+    def step_records(self) -> list[StepRecord]:
+        """The scheduler's records since ``use_policy`` (as many as its log keeps)."""
+        from tokenpace.engine.vllm.scheduler import records_since
+
+        if self._first_recorded_step is None:
+            return []
+        return to_step_records(records_since(self._scheduler, self._first_recorded_step))
+
     def shutdown(self) -> None:
         """Abort everything and stop the engine core (the worker's exit does this too)."""
         self.abort_all()
@@ -227,7 +259,7 @@ def build_vllm(spec: WorkerSpec, clock: Clock) -> VllmBackend:
     if not isinstance(config, VllmEngineConfig):
         raise TypeError(f"the vllm engine needs a VllmEngineConfig, got {type(config)}")
     build_dir = spec.build_dir or Path(tempfile.gettempdir()) / "tokenpace-vllm"
-    llm = start_engine(config, spec.policy, build_dir)
+    llm = start_engine(config, build_dir)
     scheduler = scheduler_of(llm)
     scheduler.clock = clock
     profile = spec.profile
@@ -237,6 +269,18 @@ def build_vllm(spec: WorkerSpec, clock: Clock) -> VllmBackend:
     # vLLM starts too slowly to load twice: auto follows the hardware rule (engine.dtype).
     choice = DtypeChoice(config.resolved_dtype, spec.calibration.b0)
     return VllmBackend(llm, profile, clock, choice)
+
+
+def policy_for(llm: Any, name: str, profile: EngineProfile, slo: Slo | None = None) -> Policy:
+    """The registered policy ``name`` for ``profile`` with the KV facts of ``llm``'s live
+    cache (its block size and usable block count)."""
+    from tokenpace.engine.vllm.scheduler import scheduler_of
+
+    scheduler = scheduler_of(llm)
+    sized = replace(
+        profile, block_size=scheduler.block_size, num_gpu_blocks=scheduler.num_total_blocks
+    )
+    return build_policy(name, sized, slo)
 
 
 def calibrate_vllm_profile(

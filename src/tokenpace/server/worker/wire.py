@@ -105,12 +105,16 @@ class Ready:
 
 @dataclass(frozen=True, slots=True)
 class Finished:
-    """A request left the engine. ``reason`` None means it failed; ``error`` says why."""
+    """A request left the engine. ``reason`` None means it failed; ``error`` says why.
+    ``num_preemptions`` and ``num_recomputed_tokens``: how often the engine preempted it
+    and how many of its computed tokens that threw away (0 when the engine does not say)."""
 
     request_id: int
     reason: FinishReason | None
     num_output_tokens: int
     error: str | None = None
+    num_preemptions: int = 0
+    num_recomputed_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

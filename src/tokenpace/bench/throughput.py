@@ -1,14 +1,17 @@
-"""vLLM decode throughput at fixed batch sizes, for the engine-throughput benchmark."""
+"""Decode throughput of a real engine at fixed batch sizes, through its serving backend."""
 
 from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from tokenpace.engine.vllm.runner import run_workload
+from tokenpace.core.sampling import SamplingParams
+from tokenpace.engine.profile import EngineProfile
+from tokenpace.metrics.slo import Slo
+from tokenpace.runtime.replay import Clock, replay
+from tokenpace.server.worker.backend import ServingBackend
 from tokenpace.workload.spec import RequestSpec
 
 
@@ -28,36 +31,41 @@ class ThroughputPoint:
 
 
 def measure_throughput(
-    llm: Any,
+    backend: ServingBackend,
+    profile: EngineProfile,
     batch_sizes: Sequence[int] = (1, 8, 16, 32),
     prompt_tokens: int = 32,
     output_tokens: int = 64,
-    clock: Callable[[], float] = time.monotonic,
+    clock: Clock = time.perf_counter,
 ) -> list[ThroughputPoint]:
-    """Tokens/s of ``llm`` (started by ``runner.start_engine``) at each batch size, with the
+    """Tokens/s of ``backend`` (whose clock is ``clock``) at each batch size, under the
     ``fcfs`` policy so the whole batch runs at once (``max_num_seqs`` must allow it). Each
     batch size gets a short warm-up run first (a compiled engine specialises per shape)."""
+    greedy = SamplingParams(ignore_eos=True)
     points = []
     for batch_size in batch_sizes:
+        backend.use_policy("fcfs", profile, Slo())
         warmup = [RequestSpec(0.0, prompt_tokens, 4) for _ in range(batch_size)]
-        run_workload(llm, warmup, "fcfs", clock=clock)
+        replay(warmup, backend, greedy, clock)
+        backend.use_policy("fcfs", profile, Slo(), record_steps=True)
         specs = [RequestSpec(0.0, prompt_tokens, output_tokens) for _ in range(batch_size)]
-        run = run_workload(llm, specs, "fcfs", clock=clock)
+        run = replay(specs, backend, greedy, clock)
         produced = sum(r.num_output_tokens for r in run.requests)
         decode = [
-            r.last_step_latency_s
-            for r in run.steps
-            if r.last_step_latency_s is not None
-            and r.num_running == batch_size
-            and r.num_scheduled_tokens == batch_size
+            s.latency_s
+            for s in run.steps
+            if s.latency_s > 0
+            and s.num_running == batch_size
+            and s.num_decode_tokens == batch_size
+            and s.num_prefill_tokens == 0
         ]
         points.append(
             ThroughputPoint(
                 batch_size=batch_size,
                 prompt_tokens=prompt_tokens,
                 output_tokens=output_tokens,
-                wall_s=run.wall_s,
-                tokens_per_s=produced / run.wall_s if run.wall_s > 0 else 0.0,
+                wall_s=run.end_s,
+                tokens_per_s=produced / run.end_s if run.end_s > 0 else 0.0,
                 decode_step_ms=1000 * statistics.median(decode) if decode else float("nan"),
             )
         )

