@@ -459,7 +459,7 @@ def profile(
         if engine == "vllm":
             if find_spec("vllm") is None:
                 fail("profiling vLLM needs the vllm extra (scripts/setup.sh vllm)")
-            from tokenpace.profiling.vllm_sweep import profile_engine_config
+            from tokenpace.engine.vllm.probe import profile_engine_config
 
             config = profile_engine_config(model, dtype)
         else:

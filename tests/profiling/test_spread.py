@@ -9,6 +9,7 @@ pytest.importorskip("torch", reason="the native engine needs the native extra")
 pytest.importorskip("transformers", reason="the native engine needs the native extra")
 
 from tokenpace.engine.native import NativeEngine, NativeEngineConfig
+from tokenpace.engine.native.probe import NativeProbe
 from tokenpace.profiling.fit import Eq2Fit
 from tokenpace.profiling.spread import FITS, spread, sweep_fits
 from tokenpace.profiling.sweep import SweepConfig
@@ -36,7 +37,7 @@ def test_one_sweep_is_fitted_both_ways() -> None:
         steps_per_point=2,
         warmup_steps=1,
     )
-    fits = sweep_fits(engine, sweep)
+    fits = sweep_fits(NativeProbe(engine), sweep)
     assert set(fits) == set(FITS)
     for fit in fits.values():
         assert fit.l_min_ms > 0

@@ -1,9 +1,10 @@
-"""``tokenpace profile --engine vllm``: a small sweep on the shared vLLM test engine, fitted
-and written as a profile; config checks that need no engine."""
+"""``tokenpace profile --engine vllm``: a small sweep through the serving backend over the
+shared vLLM test engine, fitted and written as a profile; config checks that need no engine."""
 
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,17 +13,19 @@ import pytest
 from tests.engine.vllm.conftest import vllm_llm  # noqa: F401  (the session's vLLM engine)
 from tokenpace.engine.profile import load_profile
 from tokenpace.profiling.run import run_profile
-from tokenpace.profiling.vllm_sweep import VllmSweepConfig
+from tokenpace.profiling.sweep import SweepConfig, run_sweep
+from tokenpace.server.worker.dtype_choice import DtypeChoice
 
 # Three batch sizes, two prefill chunks, short outputs: a few seconds of engine steps. The
 # largest batch is far enough from the others for the fit to see the step time rise, and three
 # rounds of the decode points let a burst of contention from other processes pass.
-SMALL = VllmSweepConfig(
+SMALL = SweepConfig(
     batch_sizes=(1, 4, 32),
     decode_context=16,
     context_lengths=(32, 256),
     context_batch_sizes=(4,),
     prefill_chunks=(16, 128),
+    prefill_context_starts=(0,),
     mixed_batch_size=4,
     mixed_chunk=32,
     steps_per_point=4,
@@ -39,12 +42,14 @@ def test_small_sweep_writes_a_loadable_profile_and_leaves_the_engine_idle(
     tmp_path: Path,
 ) -> None:
     from tokenpace.engine.vllm.scheduler import scheduler_of
-    from tokenpace.profiling.run import profile_vllm
+    from tokenpace.server.worker.vllm_backend import VllmBackend
 
     scheduler = scheduler_of(vllm_llm)
     policy_before = scheduler.tokenpace_policy
+    placeholder = load_profile("v100-llama-3.2-3b")
+    backend = VllmBackend(vllm_llm, placeholder, time.perf_counter, DtypeChoice("bfloat16", 1))
     out = tmp_path / "vllm.json"
-    profile = profile_vllm(vllm_llm, out, sweep=SMALL, engine_init_s=1.5)
+    profile = run_profile("vllm", out, backend=backend, sweep=SMALL)
 
     assert load_profile(out) == profile
     assert out.with_suffix(".png").stat().st_size > 0
@@ -57,7 +62,7 @@ def test_small_sweep_writes_a_loadable_profile_and_leaves_the_engine_idle(
     assert profile.prefill_ms_per_token >= 0
     assert profile.block_size == scheduler.block_size
     assert profile.num_gpu_blocks == scheduler.num_total_blocks
-    assert profile.checkpoint_bytes > 0 and profile.engine_init_s == 1.5
+    assert profile.checkpoint_bytes > 0 and profile.engine_init_s == 0.0
     assert profile.notes["decode"].count("B=") == len(SMALL.batch_sizes)
     assert profile.notes["prefill"].count("C=") == len(SMALL.prefill_chunks)
     # The sweep aborted or finished every request and gave the scheduler its policy back.
@@ -71,26 +76,28 @@ def test_small_sweep_writes_a_loadable_profile_and_leaves_the_engine_idle(
 def test_a_context_beyond_max_model_len_is_refused_before_any_step(
     vllm_llm: Any,  # noqa: F811
 ) -> None:
+    from tokenpace.engine.vllm.probe import VllmProbe
     from tokenpace.engine.vllm.scheduler import scheduler_of
-    from tokenpace.profiling.vllm_sweep import run_sweep
 
     scheduler = scheduler_of(vllm_llm)
     step_index = scheduler.step_index
-    too_long = VllmSweepConfig(batch_sizes=(1, 2, 4), context_lengths=(4096,))
+    too_long = SweepConfig(
+        batch_sizes=(1, 2, 4), context_lengths=(4096,), prefill_context_starts=(0,)
+    )
     with pytest.raises(ValueError, match="max_model_len"):
-        run_sweep(vllm_llm, too_long)
+        run_sweep(VllmProbe(vllm_llm), too_long)
     assert scheduler.step_index == step_index
 
 
 def test_sweep_config_names_the_bad_field() -> None:
     with pytest.raises(ValueError, match="batch_sizes"):
-        VllmSweepConfig(batch_sizes=(1, 2))
+        SweepConfig(batch_sizes=(1, 2))
     with pytest.raises(ValueError, match="prefill_chunks"):
-        VllmSweepConfig(prefill_chunks=(1, 16))
+        SweepConfig(prefill_chunks=(1, 16))
     with pytest.raises(ValueError, match="warmup_steps"):
-        VllmSweepConfig(warmup_steps=-1)
+        SweepConfig(warmup_steps=-1)
     with pytest.raises(ValueError, match="decode_rounds"):
-        VllmSweepConfig(decode_rounds=0)
+        SweepConfig(decode_rounds=0)
 
 
 def test_run_profile_refuses_a_native_config_for_vllm(tmp_path: Path) -> None:

@@ -71,7 +71,7 @@ def _r2(ms: np.ndarray, residuals: np.ndarray) -> float:
     return 1.0 - float(np.sum(residuals**2)) / total if total > 0 else 1.0
 
 
-def fit_eq2(points: Sequence[DecodePoint]) -> Eq2Fit:
+def fit_eq2(points: Sequence[DecodePoint], b0: int | None = None) -> Eq2Fit:
     """Robust fit of Eq. 2: a hinge whose knee may fall between measured batch sizes,
     weighted against outlying points.
 
@@ -82,9 +82,12 @@ def fit_eq2(points: Sequence[DecodePoint]) -> Eq2Fit:
     median absolute residual, count in proportion to their distance), so one disturbed
     point cannot move the knee by itself. ``b0`` is the best knee rounded to a whole batch
     (at least 1); ``l_min`` and ``alpha`` are refitted at that ``b0`` with the final weights.
-    A curve that rises from B = 1 yields ``b0 = 1``: no flat region."""
+    A curve that rises from B = 1 yields ``b0 = 1``: no flat region. A given ``b0`` fixes the
+    knee (a start-up calibration keeps the B0 it was configured with)."""
     batch, ms = _arrays(points)
     knees = np.linspace(batch.min(), batch.max(), int(_KNEES_PER_BATCH * np.ptp(batch)) + 1)
+    if b0 is not None:
+        knees = np.array([float(b0)])
     weights = np.ones_like(ms)
     floor = 1e-6 * max(1.0, float(np.median(ms)))
     knee = float(batch.min())
@@ -94,7 +97,7 @@ def fit_eq2(points: Sequence[DecodePoint]) -> Eq2Fit:
         residuals = _hinge(batch, ms, weights, knee)[2]
         scale = max(1.4826 * float(np.median(np.abs(residuals))), floor)
         weights = np.minimum(1.0, _HUBER_K * scale / np.maximum(np.abs(residuals), floor))
-    b0 = max(1, round(knee))
+    b0 = max(1, round(knee)) if b0 is None else b0
     l_min, alpha, _ = _hinge(batch, ms, weights, float(b0))
     residuals = ms - (l_min + alpha * np.maximum(0.0, batch - b0))
     return Eq2Fit(l_min, b0, alpha, _r2(ms, residuals))
@@ -141,12 +144,15 @@ def without_context(points: Sequence[DecodePoint], per_kctx_ms: float) -> list[D
     ]  # fmt: skip
 
 
-def fit_prefill(points: Sequence[PrefillPoint], l_min_ms: float, mixed: MixedPoint) -> PrefillFit:
+def fit_prefill(
+    points: Sequence[PrefillPoint], l_min_ms: float, mixed: MixedPoint | None
+) -> PrefillFit:
     """Least squares of ``step_ms - l_min_ms = p * C + a * C * mean_context / 1000`` over
     prefill-only steps (a prefill-only step pays the weight-read floor l_min, as the
     simulator's latency model assumes); both terms clamped at 0. The mixing overhead is
     what a decode step with one chunk costs beyond the decode step plus the chunk's model
-    cost (clamped at 0)."""
+    cost (clamped at 0; 0 without a mixed point). With a single point the attention term
+    is 0: one point cannot tell the two terms apart."""
     if not points:
         raise ValueError("the prefill fit needs at least one prefill point")
     chunk = np.array([p.num_tokens for p in points], dtype=float)
@@ -154,9 +160,11 @@ def fit_prefill(points: Sequence[PrefillPoint], l_min_ms: float, mixed: MixedPoi
     extra = np.array([p.step_ms for p in points], dtype=float) - l_min_ms
     design = np.column_stack([chunk, chunk * mean_context / 1000])
     (per_token, attention), *_ = np.linalg.lstsq(design, extra, rcond=None)
-    if attention < 0:
+    if attention < 0 or len(points) < 2:
         attention = 0.0
         per_token = float(np.sum(chunk * extra) / np.sum(chunk * chunk))
     fit = PrefillFit(max(0.0, float(per_token)), float(attention), 0.0)
+    if mixed is None:
+        return fit
     overhead = mixed.mixed_ms - mixed.decode_ms - fit.chunk_ms(mixed.chunk, 0)
     return PrefillFit(fit.ms_per_token, fit.attention_ms_per_kctx, max(0.0, overhead))

@@ -28,12 +28,13 @@ from tokenpace.bench.cpu_scale import main_load_factor
 from tokenpace.core.config import option
 from tokenpace.core.sampling import SamplingParams
 from tokenpace.engine.native import NativeEngine, NativeEngineConfig
+from tokenpace.engine.native.probe import NativeProbe
 from tokenpace.engine.profile import EngineProfile, load_profile
 from tokenpace.metrics.run_metrics import RunKey, summarize_run
 from tokenpace.metrics.slo import Slo
 from tokenpace.pool.capacity import pool_capacity_rps
 from tokenpace.profiling.run import run_profile
-from tokenpace.profiling.sweep import SweepConfig, measure_read_bandwidth_gb_s, time_decode
+from tokenpace.profiling.sweep import SweepConfig, measure_read_bandwidth_gb_s
 from tokenpace.runtime.replay import replay
 from tokenpace.server.worker.native_backend import StepLoopBackend
 from tokenpace.workload.main_experiment import (
@@ -92,7 +93,7 @@ def dry_run_config() -> GpuCheckConfig:
 
 
 def run_schedulers(
-    engine: NativeEngine, profile: EngineProfile, config: GpuCheckConfig, log: Log
+    backend: StepLoopBackend, profile: EngineProfile, config: GpuCheckConfig, log: Log
 ) -> tuple[PoissonWorkload, dict[str, dict[str, Any]]]:
     """Every scheduler on the same requests (EOS ignored, as in the simulator); returns the
     workload and per scheduler the results.json ``runs`` entry."""
@@ -108,7 +109,6 @@ def run_schedulers(
     # Real engines stop requests through max_tokens (ignore_eos), so it carries the true length.
     specs = with_known_lengths(workload.generate(np.random.default_rng(config.seed)))
     runs: dict[str, dict[str, Any]] = {}
-    backend = StepLoopBackend.over(engine, profile, "fcfs", config.slo, time.perf_counter)
     for name in config.schedulers:
         backend.use_policy(name, profile, config.slo)
         outcome = replay(specs, backend, SamplingParams(ignore_eos=True))
@@ -140,19 +140,21 @@ def gpu_check(config: GpuCheckConfig, out_dir: Path, log: Log) -> dict[str, Any]
     engine = NativeEngine.load(config.engine, rng=np.random.default_rng(config.seed))
     loaded = engine.loaded
     log(f"{config.engine.model} on {loaded.device}: {loaded.weight_bytes / 1e9:.2f} GB weights")
+    placeholder = load_profile(REFERENCE_PROFILE)
+    backend = StepLoopBackend.over(engine, placeholder, "fcfs", config.slo, time.perf_counter)
     profile = run_profile(
         "native",
         out_dir / "profile.json",
-        engine=engine,
+        backend=backend,
         sweep=config.sweep,
         measure_checkpoints=False,
         log=log,
     )
     bandwidth = measure_read_bandwidth_gb_s(loaded.device)
     roofline_ms = loaded.weight_bytes / bandwidth / 1e6
-    single = time_decode(engine, replace(config.sweep, steps_per_point=16), 1, 128)
+    single = NativeProbe(engine).decode(replace(config.sweep, steps_per_point=16), 1, 128)
     log(f"batch-1 step {single.step_ms:.2f} ms, roofline {roofline_ms:.2f} ms")
-    workload, runs = run_schedulers(engine, profile, config, log)
+    workload, runs = run_schedulers(backend, profile, config, log)
     return {
         "check": "gpu_check",
         "device": str(loaded.device),

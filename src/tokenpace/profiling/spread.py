@@ -1,6 +1,7 @@
-"""Run-to-run spread of the Eq. 2 fit: the native profile's decode sweep repeated on one
-loaded engine, each repetition fitted by ``fit_eq2`` (robust) and ``fit_eq2_discrete`` (the
-earlier least-squares fit), so both see the same measurements.
+"""Run-to-run spread of the Eq. 2 fit: the profiling sweep's decode points repeated on one
+loaded native engine (through its timing probe), each repetition fitted by ``fit_eq2``
+(robust) and ``fit_eq2_discrete`` (the earlier least-squares fit), so both see the same
+measurements.
 
 Each repetition is exactly the decode part of ``run_profile``: decode steps over the batch
 sizes, the context sweep, the per-context attention term removed, then the fits.
@@ -21,6 +22,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import numpy as np
 
 from tokenpace.engine.native import NativeEngine, NativeEngineConfig
+from tokenpace.engine.native.probe import NativeProbe
 from tokenpace.profiling.fit import (
     Eq2Fit,
     fit_decode_attention,
@@ -28,16 +30,17 @@ from tokenpace.profiling.fit import (
     fit_eq2_discrete,
     without_context,
 )
-from tokenpace.profiling.sweep import SweepConfig, time_decode
+from tokenpace.profiling.probe import TimingProbe
+from tokenpace.profiling.sweep import SweepConfig
 
 FITS = {"robust": fit_eq2, "discrete": fit_eq2_discrete}
 
 
-def sweep_fits(engine: NativeEngine, sweep: SweepConfig) -> dict[str, Eq2Fit]:
+def sweep_fits(probe: TimingProbe, sweep: SweepConfig) -> dict[str, Eq2Fit]:
     """One decode sweep (as ``run_profile`` measures it), fitted every way in ``FITS``."""
-    decode = [time_decode(engine, sweep, size, sweep.decode_context) for size in sweep.batch_sizes]
+    decode = [probe.decode(sweep, size, sweep.decode_context) for size in sweep.batch_sizes]
     context = [
-        time_decode(engine, sweep, size, length)
+        probe.decode(sweep, size, length)
         for size in sweep.context_batch_sizes
         for length in sweep.context_lengths
     ]
@@ -78,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     sweep = SweepConfig()
     runs = []
     for index in range(args.runs):
-        runs.append(sweep_fits(engine, sweep))
+        runs.append(sweep_fits(NativeProbe(engine), sweep))
         print(f"run {index + 1}: " + ", ".join(f"{n} {asdict(f)}" for n, f in runs[-1].items()))
     result: dict[str, Any] = {
         "model": args.model,

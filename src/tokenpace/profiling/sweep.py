@@ -1,31 +1,27 @@
-"""The paper's offline profiling sweep, measured on a live native engine.
+"""The paper's offline profiling sweep, over any engine's timing probe.
 
-Decode step time over batch sizes and context lengths, prefill step time over chunk sizes and
-context starts, the extra cost of a prefill chunk inside a decode step, KV capacity, and
-checkpoint load time per tier. Decode points fill their context without running the model
-(``NativeEngine.fill_context``): attention cost depends on context length, not KV values.
+Decode step time over batch sizes and context lengths, prefill step time over chunk sizes
+and context starts, the extra cost of a prefill chunk inside a decode step, and the KV
+facts. A worker's start-up calibration runs the same sweep in a reduced configuration
+(``server.worker.profile.calibration_sweep``).
 """
 
 from __future__ import annotations
 
-import statistics
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
-from itertools import count
+from typing import TYPE_CHECKING
 
-import torch
-
-from tokenpace.core.config import option
-from tokenpace.core.request import Request
-from tokenpace.core.sampling import SamplingParams
-from tokenpace.core.step import ScheduledChunk
-from tokenpace.engine.native.engine import NativeEngine
+from tokenpace.core.config import option, require_positive
 from tokenpace.profiling.points import DecodePoint, MixedPoint, PrefillPoint
+from tokenpace.profiling.probe import KvFacts, TimingProbe
+
+if TYPE_CHECKING:
+    import torch
 
 Clock = Callable[[], float]
-_GREEDY_NO_EOS = SamplingParams(ignore_eos=True)
+Log = Callable[[str], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,102 +42,94 @@ class SweepConfig:
     prefill_context_starts: tuple[int, ...] = option(
         (0, 512, 1024), "Context already cached (tokens) before a 64-token chunk."
     )
-    mixed_batch_size: int = option(8, "Decode batch that carries a prefill chunk.")
+    mixed_batch_size: int = option(
+        8, "Decode batch that carries a prefill chunk (0: no mixed point)."
+    )
     mixed_chunk: int = option(64, "Prefill chunk (tokens) carried in a decode step.")
     steps_per_point: int = option(8, "Timed steps per decode point (median kept).")
     warmup_steps: int = option(2, "Untimed steps before each decode point.")
     repeats: int = option(3, "Repetitions of each prefill and mixed point (median kept).")
-
-
-class DecodeBatch:
-    """``batch_size`` requests at a given context, stepped one token at a time."""
-
-    def __init__(self, engine: NativeEngine, ids: Iterator[int], size: int, context: int):
-        self.engine = engine
-        self.requests = [
-            Request(next(ids), context, 1 << 20, 0.0, sampling=_GREEDY_NO_EOS) for _ in range(size)
-        ]
-        for request in self.requests:
-            engine.fill_context(request, context)
-            _deliver(request, 0)
-
-    def chunks(self) -> list[ScheduledChunk]:
-        return [ScheduledChunk(r, 1) for r in self.requests]
-
-    def deliver(self, sampled: dict[int, int]) -> None:
-        for request in self.requests:
-            _deliver(request, sampled.get(request.request_id, 0))
-
-    def free(self) -> None:
-        for request in self.requests:
-            self.engine.free(request.request_id)
-
-
-def _deliver(request: Request, token: int) -> None:
-    request.output_token_ids.append(token)
-    request.token_times_s.append(0.0)
-
-
-@contextmanager
-def decode_batch(
-    engine: NativeEngine, ids: Iterator[int], size: int, context: int
-) -> Iterator[DecodeBatch]:
-    batch = DecodeBatch(engine, ids, size, context)
-    try:
-        yield batch
-    finally:
-        batch.free()
-
-
-def time_decode(engine: NativeEngine, config: SweepConfig, size: int, context: int) -> DecodePoint:
-    ids = count(1)
-    times: list[float] = []
-    with decode_batch(engine, ids, size, context) as batch:
-        for step in range(config.warmup_steps + config.steps_per_point):
-            result = engine.execute(batch.chunks())
-            batch.deliver(dict(result.sampled_token_ids))
-            if step >= config.warmup_steps:
-                times.append(result.latency_s * 1000)
-    mean = statistics.fmean(times)
-    cv = statistics.pstdev(times) / mean if mean > 0 else 0.0
-    return DecodePoint(size, context, statistics.median(times), cv)
-
-
-def time_prefill(
-    engine: NativeEngine, config: SweepConfig, num_tokens: int, context_start: int
-) -> PrefillPoint:
-    times = []
-    for rep in range(config.repeats):
-        request = Request(rep + 1, context_start + num_tokens, 1, 0.0, sampling=_GREEDY_NO_EOS)
-        if context_start:
-            engine.fill_context(request, context_start)
-        times.append(engine.execute([ScheduledChunk(request, num_tokens)]).latency_s * 1000)
-        engine.free(request.request_id)
-    return PrefillPoint(num_tokens, context_start, statistics.median(times))
-
-
-def time_mixed(engine: NativeEngine, config: SweepConfig) -> MixedPoint:
-    ids = count(1)
-    decode_times: list[float] = []
-    mixed_times: list[float] = []
-    with decode_batch(engine, ids, config.mixed_batch_size, config.decode_context) as batch:
-        for _ in range(config.warmup_steps):
-            batch.deliver(dict(engine.execute(batch.chunks()).sampled_token_ids))
-        for _ in range(config.repeats):
-            result = engine.execute(batch.chunks())
-            batch.deliver(dict(result.sampled_token_ids))
-            decode_times.append(result.latency_s * 1000)
-            extra = Request(next(ids), config.mixed_chunk, 1, 0.0, sampling=_GREEDY_NO_EOS)
-            result = engine.execute([*batch.chunks(), ScheduledChunk(extra, config.mixed_chunk)])
-            batch.deliver(dict(result.sampled_token_ids))
-            mixed_times.append(result.latency_s * 1000)
-            engine.free(extra.request_id)
-    return MixedPoint(
-        config.mixed_batch_size,
-        config.mixed_chunk,
-        statistics.median(decode_times),
-        statistics.median(mixed_times),
+    decode_rounds: int = option(
+        1,
+        "Passes over batch_sizes; each size keeps its fastest pass, since contention from "
+        "other processes only ever adds time to a step.",
     )
+    warmup_passes: bool = option(
+        True,
+        "Run the smallest and largest decode batch once untimed first (a fresh engine's "
+        "first steps of a shape run slower than later ones).",
+    )
+
+    def __post_init__(self) -> None:
+        require_positive(self, "decode_context", "steps_per_point", "repeats", "decode_rounds")
+        if self.warmup_steps < 0:
+            raise ValueError(f"SweepConfig.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if len(self.batch_sizes) < 3 or min(self.batch_sizes) < 1:
+            raise ValueError(
+                f"SweepConfig.batch_sizes needs at least 3 positive sizes, got {self.batch_sizes}"
+            )
+        if not self.prefill_chunks or min(self.prefill_chunks) < 2:
+            raise ValueError(
+                "SweepConfig.prefill_chunks needs sizes of at least 2 tokens (one token "
+                f"reads as a decode), got {self.prefill_chunks}"
+            )
+        if self.mixed_batch_size < 0 or (self.mixed_batch_size and self.mixed_chunk < 2):
+            raise ValueError(
+                "SweepConfig.mixed_batch_size must be >= 0 and mixed_chunk >= 2, got "
+                f"{self.mixed_batch_size} and {self.mixed_chunk}"
+            )
+        for name in ("context_lengths", "context_batch_sizes", "prefill_context_starts"):
+            values = getattr(self, name)
+            if values and min(values) < 0:
+                raise ValueError(f"SweepConfig.{name} must not be negative, got {values}")
+
+
+@dataclass(frozen=True, slots=True)
+class Sweep:
+    """What one sweep measured (``mixed`` None when the config asked for no mixed point),
+    with the engine's KV facts."""
+
+    decode: tuple[DecodePoint, ...]
+    context: tuple[DecodePoint, ...]
+    prefill: tuple[PrefillPoint, ...]
+    mixed: MixedPoint | None
+    kv: KvFacts
+
+
+def run_sweep(probe: TimingProbe, config: SweepConfig, log: Log = lambda _m: None) -> Sweep:
+    """Measure every point of ``config`` with ``probe``. Raises ValueError before any step
+    when a point cannot run on the engine (``TimingProbe.check``)."""
+    probe.check(config)
+    if config.warmup_passes:
+        for size in (min(config.batch_sizes), max(config.batch_sizes)):
+            probe.decode(config, size, config.decode_context)
+    # The rounds interleave the sizes, so a burst of contention on a shared machine slows one
+    # pass of a size rather than every measurement of it.
+    fastest: dict[int, DecodePoint] = {}
+    for _ in range(config.decode_rounds):
+        for size in config.batch_sizes:
+            point = probe.decode(config, size, config.decode_context)
+            if size not in fastest or point.step_ms < fastest[size].step_ms:
+                fastest[size] = point
+    decode = tuple(fastest[size] for size in config.batch_sizes)
+    for point in decode:
+        log(f"decode B={point.batch_size}: {point.step_ms:.1f} ms")
+    context = []
+    for size in config.context_batch_sizes:
+        for length in config.context_lengths:
+            context.append(probe.decode(config, size, length))
+            log(f"decode B={size} ctx={length}: {context[-1].step_ms:.1f} ms")
+    prefill = [probe.prefill(config, chunk, 0) for chunk in config.prefill_chunks]
+    prefill += [probe.prefill(config, 64, s) for s in config.prefill_context_starts if s > 0]
+    for chunk in prefill:
+        log(f"prefill C={chunk.num_tokens} start={chunk.context_start}: {chunk.step_ms:.1f} ms")
+    mixed = probe.mixed(config) if config.mixed_batch_size else None
+    if mixed is not None:
+        log(
+            f"mixed: decode {mixed.decode_ms:.1f} ms, with a {mixed.chunk}-token chunk "
+            f"{mixed.mixed_ms:.1f} ms"
+        )
+    return Sweep(decode, tuple(context), tuple(prefill), mixed, probe.kv)
 
 
 def measure_read_bandwidth_gb_s(
@@ -150,6 +138,8 @@ def measure_read_bandwidth_gb_s(
     """Memory read bandwidth (1e9 bytes/s) with torch's current threads: best of five sums
     over a ``num_bytes`` float32 buffer (default 256 MiB on CPU, 2 GiB on CUDA: far larger
     than the caches, and long enough that a GPU's launch and sync costs do not count)."""
+    import torch
+
     if num_bytes is None:
         num_bytes = 1 << 31 if device.type == "cuda" else 1 << 28
     data = torch.ones(num_bytes // 4, dtype=torch.float32, device=device)

@@ -1,40 +1,61 @@
-"""The profile a worker measures at start, from step timings."""
+"""The profile a worker measures at start: the profiling sweep, reduced, and the same fit."""
 
 from __future__ import annotations
 
 import pytest
 
-from tokenpace.server.worker.profile import measure_profile
+from tokenpace.profiling.points import DecodePoint, MixedPoint, PrefillPoint
+from tokenpace.profiling.probe import EngineFacts, KvFacts
+from tokenpace.profiling.sweep import SweepConfig
+from tokenpace.server.worker.profile import calibration_sweep, measure_profile
 from tokenpace.server.worker.wire import Calibration
 
 
-def test_l_min_alpha_and_prefill_come_from_the_timed_batches() -> None:
-    calls: list[tuple[int, int, int]] = []
+class LinearProbe:
+    """An engine whose decode step is 20 ms up to batch 8, then 2 ms per extra request, and
+    whose prefill costs 20 ms plus 0.5 ms per token; records what was asked."""
 
-    def run_batch(num_requests: int, num_prompt: int, num_output: int) -> list[float]:
-        calls.append((num_requests, num_prompt, num_output))
-        first_pass = len(calls) in (1, 3)
-        if num_requests == 1:
-            steps = [0.064, 0.021, 0.020, 0.022, 0.020, 0.025]
-        else:  # B0 = 8 requests: decode steps around 34 ms
-            steps = [0.300, 0.034, 0.033, 0.034, 0.035, 0.034]
-        return [s * 3 for s in steps] if first_pass else steps
+    def __init__(self, kv: KvFacts) -> None:
+        self.kv = kv
+        self.description = "a linear engine"
+        self.decodes: list[tuple[int, int]] = []
+        self.prefills: list[tuple[int, int]] = []
 
-    profile = measure_profile(run_batch, Calibration("m", 8, 50.0, 2048), 2048, 16, 100, "x")
-    assert calls == [(1, 32, 6), (1, 32, 6), (8, 32, 6), (8, 32, 6)]
+    def facts(self, measure_checkpoints: bool) -> EngineFacts:
+        raise AssertionError("calibration does not ask for engine facts")
+
+    def check(self, config: SweepConfig) -> None:
+        pass
+
+    def decode(self, config: SweepConfig, batch_size: int, context: int) -> DecodePoint:
+        self.decodes.append((batch_size, context))
+        return DecodePoint(batch_size, context, 20.0 + 2.0 * max(0, batch_size - 8), 0.01)
+
+    def prefill(self, config: SweepConfig, num_tokens: int, context_start: int) -> PrefillPoint:
+        self.prefills.append((num_tokens, context_start))
+        return PrefillPoint(num_tokens, context_start, 20.0 + 0.5 * num_tokens)
+
+    def mixed(self, config: SweepConfig) -> MixedPoint:
+        raise AssertionError("calibration has no mixed point")
+
+
+def test_the_reduced_sweep_fits_eq2_at_the_configured_b0() -> None:
+    probe = LinearProbe(KvFacts(16, 100, 64, 2048))
+    profile = measure_profile(probe, Calibration("m", 8, 50.0, 2048))
+    # Warm-up passes at the smallest and largest batch, then 1, B0 and 2 B0.
+    assert probe.decodes == [(1, 32), (16, 32), (1, 32), (8, 32), (16, 32)]
+    assert probe.prefills == [(32, 0)]
     assert profile.l_min_ms == pytest.approx(20.0)
-    assert profile.alpha_ms == pytest.approx((34.0 - 20.0) / 7)
-    assert profile.prefill_ms_per_token == pytest.approx(64.0 / 32)
-    assert (profile.b0, profile.block_size, profile.num_gpu_blocks) == (8, 16, 100)
+    assert profile.alpha_ms == pytest.approx(2.0)
+    assert profile.prefill_ms_per_token == pytest.approx(0.5)
+    assert (profile.name, profile.b0, profile.mean_output_tokens) == ("m", 8, 50.0)
+    assert (profile.block_size, profile.num_gpu_blocks) == (16, 100)
 
 
-def test_short_contexts_shrink_the_synthetic_requests_and_b0_of_one_has_no_slope() -> None:
-    sizes: list[tuple[int, int, int]] = []
-
-    def run_batch(num_requests: int, num_prompt: int, num_output: int) -> list[float]:
-        sizes.append((num_requests, num_prompt, num_output))
-        return [0.01, 0.005, 0.004]
-
-    profile = measure_profile(run_batch, Calibration("m", 1, 8.0, 16), 16, 16, 1, "x")
-    assert sizes == [(1, 8, 6), (1, 8, 6)]
-    assert profile.alpha_ms == 0.0 and profile.l_min_ms == pytest.approx(4.0)
+def test_short_models_and_few_sequences_shrink_the_sweep() -> None:
+    sweep = calibration_sweep(Calibration("m", 8, 8.0, 16), KvFacts(16, 1, 10, 2048))
+    assert sweep.decode_context == 4 and sweep.prefill_chunks == (4,)
+    assert sweep.batch_sizes == (1, 8, 10)
+    assert not sweep.context_lengths and sweep.mixed_batch_size == 0
+    profile = measure_profile(LinearProbe(KvFacts(16, 1, 1, 2048)), Calibration("m", 1, 8.0, 16))
+    assert profile.b0 == 1 and profile.alpha_ms == pytest.approx(0.0)

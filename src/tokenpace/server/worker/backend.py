@@ -15,6 +15,7 @@ from typing import Protocol
 from tokenpace.core.registry import Registry
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.metrics.slo import Slo
+from tokenpace.profiling.probe import TimingProbe
 from tokenpace.runtime.step_loop import StepRecord
 from tokenpace.server.worker.dtype_choice import DtypeChoice
 from tokenpace.server.worker.wire import Finished, LoadState, Report, WorkerSpec, WorkItem
@@ -77,6 +78,10 @@ class ServingBackend(Protocol):
 
     def shutdown(self) -> None:
         """Abort everything and release the engine."""
+        ...
+
+    def timing_probe(self) -> TimingProbe:
+        """The engine's timing probe for the profiling sweep; only while it has no work."""
         ...
 
 

@@ -8,17 +8,17 @@ from dataclasses import replace
 
 from tokenpace.core.logprobs import TokenLogprob
 from tokenpace.core.request import FinishReason, Request
-from tokenpace.core.sampling import SamplingParams
 from tokenpace.engine.dtype import AUTO
 from tokenpace.engine.native import NativeEngine, NativeEngineConfig
+from tokenpace.engine.native.probe import NativeProbe
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.metrics.slo import Slo
 from tokenpace.policy import Policy, build_policy
-from tokenpace.policy.fcfs import FcfsPolicy
+from tokenpace.profiling.sweep import SweepConfig
 from tokenpace.runtime.step_loop import StepLoop, StepRecord
 from tokenpace.server.worker.backend import BACKENDS, Clock
 from tokenpace.server.worker.dtype_choice import DtypeChoice, choose_dtype
-from tokenpace.server.worker.profile import WARMUP_PROMPT_TOKENS, measure_profile
+from tokenpace.server.worker.profile import CALIBRATION_CONTEXT_TOKENS, measure_profile
 from tokenpace.server.worker.wire import Finished, LoadState, Report, WorkerSpec, WorkItem
 
 # Decode steps timed when --dtype auto compares precisions (after one prefill step).
@@ -128,6 +128,11 @@ class StepLoopBackend:
     def shutdown(self) -> None:
         self.abort_all()
 
+    def timing_probe(self) -> NativeProbe:
+        if self._loop.has_work:
+            raise RuntimeError("the engine can only be probed while it serves no request")
+        return NativeProbe(self._engine)
+
     def step(self) -> Report | None:
         loop = self._loop
         step = loop.begin_step(self._clock())
@@ -227,14 +232,7 @@ def build_native(spec: WorkerSpec, clock: Clock) -> StepLoopBackend:
     engine, choice = _load_engine(config, spec, clock)
     profile = spec.profile
     if profile is None:
-        profile = measure_profile(
-            lambda n, p, o: time_batch(engine, clock, n, p, o),
-            spec.calibration,
-            config.max_model_len,
-            engine.block_size,
-            engine.num_total_blocks,
-            "the native engine",
-        )
+        profile = measure_profile(NativeProbe(engine), spec.calibration)
     policy = build_policy(spec.policy, profile, spec.slo)
     return StepLoopBackend(engine, profile, policy, clock, choice)
 
@@ -243,55 +241,29 @@ def _load_engine(
     config: NativeEngineConfig, spec: WorkerSpec, clock: Clock
 ) -> tuple[NativeEngine, DtypeChoice]:
     """The engine in ``config.dtype``; for ``auto``, in the precision an earlier
-    incarnation chose, else in the one measured fastest at batch B0 (``choose_dtype``)."""
+    incarnation chose, else in the one measured fastest at batch B0 (``choose_dtype``:
+    the median of a few decode steps after 32-token prompts, timed by the probe)."""
     batch = spec.calibration.b0
     if config.dtype != AUTO:
         return NativeEngine.load(config, clock=clock), DtypeChoice(config.dtype, batch)
     if spec.dtype is not None:
         engine = NativeEngine.load(replace(config, dtype=spec.dtype), clock=clock)
         return engine, DtypeChoice(spec.dtype, batch)
-
-    num_prompt = max(1, min(WARMUP_PROMPT_TOKENS, config.max_model_len // 2))
-    num_output = max(2, min(DTYPE_DECODE_STEPS, config.max_model_len - num_prompt))
+    context = max(2, min(CALIBRATION_CONTEXT_TOKENS, config.max_model_len // 4))
+    sweep = SweepConfig(
+        batch_sizes=(1, batch, batch),
+        decode_context=context,
+        steps_per_point=DTYPE_DECODE_STEPS,
+        warmup_steps=1,
+    )
 
     def decode_steps_s(engine: NativeEngine, num_requests: int) -> list[float]:
-        steps = time_batch(engine, clock, num_requests, num_prompt, num_output)
-        return steps[1:]  # the first step is the prefill
+        return [NativeProbe(engine).decode(sweep, num_requests, context).step_ms / 1000]
 
     chosen = choose_dtype(
         lambda dtype: NativeEngine.load(replace(config, dtype=dtype), clock=clock),
-        lambda engine: time_batch(engine, clock, 1, num_prompt, 2),
+        lambda engine: NativeProbe(engine).decode(sweep, 1, context),
         decode_steps_s,
         batch,
     )
     return chosen.engine, chosen.choice
-
-
-def time_batch(
-    engine: NativeEngine, clock: Clock, num_requests: int, num_prompt: int, num_output: int
-) -> list[float]:
-    """Step latencies (seconds) of ``num_requests`` synthetic requests admitted together
-    under FCFS and run to completion. The engine holds no KV afterwards."""
-    loop = StepLoop(FcfsPolicy(), engine, record_steps=False)
-    now = clock()
-    for i in range(num_requests):
-        prompt = [100 + (7 * j + 13 * i) % 4000 for j in range(num_prompt)]
-        request = Request(
-            -1 - i,
-            num_prompt,
-            num_output,
-            now,
-            prompt_token_ids=prompt,
-            sampling=SamplingParams(ignore_eos=True),
-        )
-        loop.add_request(request, now)
-    latencies: list[float] = []
-    while loop.has_work:
-        step = loop.begin_step(clock())
-        if step is None:
-            break
-        loop.complete_step(step, clock())
-        latencies.append(step.result.latency_s)
-    for i in range(num_requests):
-        engine.free(-1 - i)
-    return latencies

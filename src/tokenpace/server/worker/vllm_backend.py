@@ -8,7 +8,6 @@ clock is the worker's, so tokens, admissions and finishes share one timeline.
 
 from __future__ import annotations
 
-import itertools
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -20,6 +19,7 @@ from tokenpace.core.request import FinishReason, Request
 from tokenpace.core.sampling import SamplingParams, token_seed
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.engine.vllm.config import VllmEngineConfig
+from tokenpace.engine.vllm.probe import VllmProbe
 from tokenpace.engine.vllm.start import start_engine
 from tokenpace.engine.vllm.step_log import to_step_records
 from tokenpace.metrics.slo import Slo
@@ -29,7 +29,6 @@ from tokenpace.server.worker.backend import BACKENDS, Clock
 from tokenpace.server.worker.dtype_choice import DtypeChoice
 from tokenpace.server.worker.profile import measure_profile
 from tokenpace.server.worker.wire import (
-    Calibration,
     Finished,
     LoadState,
     Report,
@@ -41,7 +40,6 @@ if TYPE_CHECKING:
     from tokenpace.engine.vllm.scheduler import TokenpaceScheduler
 
 _FINISH = {"length": FinishReason.LENGTH, "stop": FinishReason.STOP, "abort": FinishReason.ABORT}
-_CALIBRATION_POLICY = "fcfs"  # admits the lone request whole: a clean prefill step
 
 
 @dataclass(slots=True)
@@ -242,6 +240,13 @@ class VllmBackend:
             return []
         return to_step_records(records_since(self._scheduler, self._first_recorded_step))
 
+    def timing_probe(self) -> VllmProbe:
+        """A probe that drives this engine's steps itself (under fcfs, restoring the
+        policy after each point)."""
+        if self.has_work:
+            raise RuntimeError("the engine can only be probed while it serves no request")
+        return VllmProbe(self._llm)
+
     def shutdown(self) -> None:
         """Abort everything and stop the engine core (the worker's exit does this too)."""
         self.abort_all()
@@ -264,7 +269,7 @@ def build_vllm(spec: WorkerSpec, clock: Clock) -> VllmBackend:
     scheduler.clock = clock
     profile = spec.profile
     if profile is None:
-        profile = calibrate_vllm_profile(llm, clock, spec.calibration, config.max_model_len)
+        profile = measure_profile(VllmProbe(llm), spec.calibration)
     scheduler.use_policy(policy_for(llm, spec.policy, profile, spec.slo))
     # vLLM starts too slowly to load twice: auto follows the hardware rule (engine.dtype).
     choice = DtypeChoice(config.resolved_dtype, spec.calibration.b0)
@@ -281,52 +286,6 @@ def policy_for(llm: Any, name: str, profile: EngineProfile, slo: Slo | None = No
         profile, block_size=scheduler.block_size, num_gpu_blocks=scheduler.num_total_blocks
     )
     return build_policy(name, sized, slo)
-
-
-def calibrate_vllm_profile(
-    llm: Any, clock: Clock, calibration: Calibration, max_model_len: int
-) -> EngineProfile:
-    """Measure a profile (see ``measure_profile``) with synthetic requests run under FCFS,
-    which admits them whole: clean prefill steps. The engine holds no request afterwards;
-    the caller installs the serving policy."""
-    from tokenpace.engine.vllm.scheduler import scheduler_of
-
-    scheduler = scheduler_of(llm)
-    scheduler.use_policy(_CALIBRATION_POLICY)
-    batches = itertools.count()
-
-    def run_batch(num_requests: int, num_prompt: int, num_output: int) -> list[float]:
-        return _time_batch(llm, clock, num_requests, num_prompt, num_output, next(batches))
-
-    return measure_profile(
-        run_batch,
-        calibration,
-        max_model_len,
-        int(scheduler.block_size),
-        scheduler.num_total_blocks,
-        "vLLM",
-    )
-
-
-def _time_batch(
-    llm: Any, clock: Clock, num_requests: int, num_prompt: int, num_output: int, batch: int
-) -> list[float]:
-    """Latencies (seconds) of the engine steps that run synthetic requests together."""
-    from vllm.inputs import TokensPrompt
-
-    engine = llm.llm_engine
-    params = _vllm_sampling(SamplingParams(ignore_eos=True), num_output)
-    for i in range(num_requests):
-        ids = [100 + (7 * j + 13 * i) % 4000 for j in range(num_prompt)]
-        engine.add_request(
-            f"tp-calibration-{batch}-{i}", TokensPrompt(prompt_token_ids=ids), params
-        )
-    latencies = []
-    while engine.has_unfinished_requests():
-        start = clock()
-        engine.step()
-        latencies.append(clock() - start)
-    return latencies
 
 
 def _vllm_sampling(sampling: SamplingParams, max_tokens: int) -> Any:

