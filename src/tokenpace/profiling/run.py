@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tokenpace.core.cache import default_cache_dir
 from tokenpace.engine.profile import CheckpointTier, EngineProfile
 from tokenpace.profiling.fit import (
     Eq2Fit,
@@ -53,6 +54,7 @@ def run_profile(
     engine: object | None = None,
     sweep: SweepConfig | VllmSweepConfig | None = None,
     plot_path: Path | None = None,
+    cache_dir: Path | None = None,
     measure_checkpoints: bool = True,
     clock: Clock = time.perf_counter,
     log: Log = lambda _message: None,
@@ -61,17 +63,21 @@ def run_profile(
     ``out_path`` (loadable by ``load_profile``) and the fit figure to ``plot_path``
     (default: ``out_path`` with suffix ``.png``). ``engine_config`` is a
     ``NativeEngineConfig`` (default: the embedded SmolLM2 in float32, 2 threads) or a
-    ``VllmEngineConfig`` (default: ``vllm_sweep.profile_engine_config()``); ``engine`` an
+    ``VllmEngineConfig`` (default: ``vllm_sweep.profile_engine_config(cache_dir)``); ``engine`` an
     already loaded ``NativeEngine`` to profile instead of loading one (native only; its own
     config applies), ``sweep`` a ``SweepConfig`` or a ``VllmSweepConfig`` to match.
     ``measure_checkpoints`` times a load from every checkpoint tier (the GGUF
-    dequantisation takes tens of seconds; native only).
+    dequantisation takes tens of seconds; native only). ``cache_dir`` holds the default
+    configs' converted checkpoint and vLLM's runtime files (None: ``default_cache_dir()``).
     Raises ValueError for an unknown engine name, TypeError for a config of another engine."""
     if engine_name not in ENGINES:
         raise ValueError(f"cannot profile engine {engine_name!r}; valid: {', '.join(ENGINES)}")
     plot_path = plot_path if plot_path is not None else out_path.with_suffix(".png")
+    cache_dir = cache_dir if cache_dir is not None else default_cache_dir()
     if engine_name == "vllm":
-        return _start_and_profile_vllm(out_path, plot_path, engine_config, sweep, clock, log)
+        return _start_and_profile_vllm(
+            out_path, plot_path, cache_dir, engine_config, sweep, clock, log
+        )
     from tokenpace.engine.native import NativeEngine, NativeEngineConfig
     from tokenpace.engine.native.loading import gguf_source, load_gguf, load_model
     from tokenpace.profiling.sweep import (
@@ -84,7 +90,11 @@ def run_profile(
 
     if engine is not None and not isinstance(engine, NativeEngine):
         raise TypeError(f"engine must be a NativeEngine, got {type(engine).__name__}")
-    config = engine.config if engine is not None else engine_config or NativeEngineConfig()
+    config = (
+        engine.config
+        if engine is not None
+        else engine_config or NativeEngineConfig(cache_dir=cache_dir)
+    )
     if not isinstance(config, NativeEngineConfig):
         raise TypeError(f"engine_config must be a NativeEngineConfig, got {type(config).__name__}")
     sweep = sweep if sweep is not None else SweepConfig()
@@ -262,6 +272,7 @@ def profile_vllm(
 def _start_and_profile_vllm(
     out_path: Path,
     plot_path: Path,
+    cache_dir: Path,
     engine_config: object | None,
     sweep: object | None,
     clock: Clock,
@@ -271,14 +282,14 @@ def _start_and_profile_vllm(
     from tokenpace.engine.vllm.runner import start_engine
     from tokenpace.profiling.vllm_sweep import VllmSweepConfig, profile_engine_config
 
-    config = engine_config if engine_config is not None else profile_engine_config()
+    config = engine_config if engine_config is not None else profile_engine_config(cache_dir)
     if not isinstance(config, VllmEngineConfig):
         raise TypeError(f"engine_config must be a VllmEngineConfig, got {type(config).__name__}")
     if sweep is not None and not isinstance(sweep, VllmSweepConfig):
         raise TypeError(f"sweep must be a VllmSweepConfig, got {type(sweep).__name__}")
     log(f"starting vLLM on {config.model} ({config.dtype})")
     start = clock()
-    llm = start_engine(config, "fcfs", Path("build"))
+    llm = start_engine(config, "fcfs", cache_dir / "vllm-runtime")
     engine_init_s = clock() - start
     log(f"engine started in {engine_init_s:.1f} s")
     try:

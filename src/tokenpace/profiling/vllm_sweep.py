@@ -23,19 +23,21 @@ from tokenpace.engine.vllm.step_log import SchedulerStepRecord
 from tokenpace.profiling.points import DecodePoint, MixedPoint, PrefillPoint
 
 Log = Callable[[str], None]
-EMBEDDED_MODEL_DIR = Path("build/native-cache/smollm2-135m-instruct")
 
 
-def profile_engine_config(model: str = "smollm2", dtype: str = "bfloat16") -> VllmEngineConfig:
+def profile_engine_config(
+    cache_dir: Path, model: str = "smollm2", dtype: str = "bfloat16"
+) -> VllmEngineConfig:
     """An engine sized for the default sweep (contexts up to 1,024 tokens at batch 16, batches
     up to 48). ``model`` is a local Hugging Face directory, or ``"smollm2"``: the embedded
-    GGUF, converted once to ``EMBEDDED_MODEL_DIR`` (relative to the working directory).
+    GGUF, converted once into ``cache_dir`` (where the native engine keeps it too).
     Importing the converter sets ``OMP_WAIT_POLICY=PASSIVE`` for torch, as the bench runner's
     vLLM engine gets it, so the profile is measured the way that engine runs."""
     if model == "smollm2":
-        from tokenpace.engine.native.loading import convert_gguf, embedded_gguf_path
+        from tokenpace.engine.native import NativeEngineConfig
+        from tokenpace.engine.native.loading import ensure_checkpoint
 
-        model = str(convert_gguf(embedded_gguf_path(), EMBEDDED_MODEL_DIR))
+        model = str(ensure_checkpoint(NativeEngineConfig(cache_dir=cache_dir))[0])
     elif not (Path(model) / "config.json").is_file():
         raise FileNotFoundError(f"model {model!r} is not a Hugging Face model directory")
     return VllmEngineConfig(
