@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from dataclasses import replace
@@ -28,6 +29,7 @@ from tokenpace.bench.presets import (
 )
 from tokenpace.bench.suite import num_cells, run_bench
 from tokenpace.core.cache import default_cache_dir
+from tokenpace.core.process_env import apply_process_defaults
 from tokenpace.engine.profile import EngineProfile, load_profile
 from tokenpace.metrics.qoe import QoeConfig
 from tokenpace.metrics.slo import Slo
@@ -45,7 +47,8 @@ from tokenpace.workload.traces import TRACE_FORMATS, TraceOptions, load_trace, t
 DEFAULT_PROFILE = "v100-llama-3.2-3b"
 ENGINES = ("sim", "native", "vllm")
 MIN_KNEE_REQUESTS = 500
-NATIVE_PROFILE_PATH = Path("build/profiles/native-smollm2-bfloat16-cpu.json")
+# The native engine's fitted profile, under the cache directory's ``profiles`` folder.
+NATIVE_PROFILE_NAME = "native-smollm2-cpu.json"
 
 app = typer.Typer(
     add_completion=False,
@@ -293,7 +296,9 @@ def bench(
     if profile is not None:
         engine_profile = resolve_profile(profile)
     elif engine == "native":
-        engine_profile = cached_native_profile()
+        engine_profile = cached_native_profile(
+            cache_dir if cache_dir is not None else default_cache_dir()
+        )
     else:
         engine_profile = resolve_profile(DEFAULT_PROFILE)
     prompt_texts = None
@@ -373,17 +378,24 @@ def bench(
     )
 
 
-def cached_native_profile() -> EngineProfile:
-    """The native engine's fitted profile under build/profiles, profiled on first use."""
-    path = NATIVE_PROFILE_PATH
+def cached_native_profile(cache_dir: Path) -> EngineProfile:
+    """The native engine's fitted profile under ``cache_dir``/profiles, profiled on first
+    use."""
+    path = cache_dir / "profiles" / NATIVE_PROFILE_NAME
     if not path.is_file():
         print(f"profiling the native engine once into {path} (a minute or two)", file=sys.stderr)
         try:
+            from tokenpace.engine.native import NativeEngineConfig
             from tokenpace.profiling import run_profile
         except ImportError as error:
             fail(f"the native engine needs `scripts/setup.sh native` ({error})")
         path.parent.mkdir(parents=True, exist_ok=True)
-        run_profile("native", path, log=lambda message: print(message, file=sys.stderr))
+        run_profile(
+            "native",
+            path,
+            engine_config=NativeEngineConfig(cache_dir=cache_dir),
+            log=lambda message: print(message, file=sys.stderr),
+        )
     return resolve_profile(str(path))
 
 
@@ -453,7 +465,8 @@ def profile(
 
     if engine not in PROFILED_ENGINES:
         fail(f"cannot profile engine {engine!r}; valid choices: {', '.join(PROFILED_ENGINES)}")
-    out = out if out is not None else Path(f"build/profiles/{engine}.json")
+    cache_dir = default_cache_dir()
+    out = out if out is not None else cache_dir / "profiles" / f"{engine}.json"
     config: object
     try:
         if engine == "vllm":
@@ -461,11 +474,11 @@ def profile(
                 fail("profiling vLLM needs the vllm extra (scripts/setup.sh vllm)")
             from tokenpace.engine.vllm.probe import profile_engine_config
 
-            config = profile_engine_config(model, dtype)
+            config = profile_engine_config(model, dtype, cache_dir)
         else:
             from tokenpace.engine.native import NativeEngineConfig
 
-            config = NativeEngineConfig(model=model, dtype=dtype)
+            config = NativeEngineConfig(model=model, dtype=dtype, cache_dir=cache_dir)
         from tokenpace.profiling import run_profile
     except ImportError as error:
         fail(f"the {engine} engine needs `scripts/setup.sh {engine}` ({error})")
@@ -477,7 +490,8 @@ def profile(
         prepare_process(engine)
         out.parent.mkdir(parents=True, exist_ok=True)
         result = run_profile(
-            engine, out, engine_config=config, measure_checkpoints=not skip_checkpoints,
+            engine, out, engine_config=config,
+            measure_checkpoints=not skip_checkpoints,
             log=lambda message: print(message, file=sys.stderr),
         )  # fmt: skip
     except (ValueError, FileNotFoundError) as error:
@@ -497,6 +511,7 @@ def version() -> None:
 
 
 def main() -> None:
+    apply_process_defaults(os.environ)
     app()
 
 

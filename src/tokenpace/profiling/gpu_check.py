@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from tokenpace.bench.cpu_scale import main_load_factor
+from tokenpace.core.cache import default_cache_dir
 from tokenpace.core.config import option
 from tokenpace.core.sampling import SamplingParams
 from tokenpace.engine.native import NativeEngine, NativeEngineConfig
@@ -196,7 +197,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--dry-run", action="store_true", help="tiny model on the CPU, reduced sweep"
     )
-    parser.add_argument("--out", type=Path, default=Path("build/gpu_check"), help="output dir")
+    parser.add_argument(
+        "--out", type=Path, default=default_cache_dir() / "gpu_check", help="output dir"
+    )
     args = parser.parse_args(argv)
     config = dry_run_config() if args.dry_run else GpuCheckConfig()
     if not args.dry_run:

@@ -2,13 +2,12 @@
 
 The server process prepares the checkpoint once (a GGUF source is converted to the cached
 safetensors tier here, before any worker starts) and loads the tokenizer from it; workers
-load the weights themselves.
+load the weights themselves. Everything is read from local files only.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,7 +39,6 @@ def native_config(options: ServeOptions) -> Any:
 
 def prepare_checkpoint(options: ServeOptions) -> Path:
     """The safetensors directory every worker loads (converting a GGUF source once)."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from tokenpace.engine.native.loading import ensure_checkpoint
 
     try:
@@ -52,7 +50,6 @@ def prepare_checkpoint(options: ServeOptions) -> Path:
 
 def load_tokenizer(checkpoint_dir: Path) -> Any:
     """The tokenizer of the served model, from local files only."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(checkpoint_dir, local_files_only=True)

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 from fastapi import FastAPI
 
+from tokenpace.core.cache import default_cache_dir
 from tokenpace.core.registry import UnknownNameError
 from tokenpace.metrics.slo import Slo
 from tokenpace.policy import POLICIES
@@ -64,7 +65,7 @@ def check_names(options: ServeOptions) -> None:
 
 def worker_spec(options: ServeOptions, checkpoint_dir: Path) -> WorkerSpec:
     """What each container's worker process builds its engine from."""
-    cache_dir = options.cache_dir if options.cache_dir is not None else checkpoint_dir.parent
+    cache_dir = options.cache_dir if options.cache_dir is not None else default_cache_dir()
     return WorkerSpec(
         engine=options.engine,
         engine_config=ENGINE_CONFIGS.get(options.engine)(options, checkpoint_dir),

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Client, Connection, Listener
 from typing import Any
 
+from tokenpace.core.process_env import apply_process_defaults
 from tokenpace.server.worker.backend import Clock
 from tokenpace.server.worker.main import run_worker
 from tokenpace.server.worker.wire import WorkerSpec
@@ -102,6 +103,8 @@ class EngineHost:
     the server's connection, aligns the clock and runs the worker until it ends."""
 
     def __init__(self) -> None:
+        # The actor is its own process: this is its entry point.
+        apply_process_defaults(os.environ)
         self._listener: Listener | None = None
 
     def open(self, authkey: bytes) -> WorkerPlace:

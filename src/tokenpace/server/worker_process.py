@@ -8,15 +8,23 @@ checkpoint tier.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import signal
 from multiprocessing.connection import Connection
 from multiprocessing.context import SpawnProcess
 
+from tokenpace.core.process_env import apply_process_defaults
 from tokenpace.server.worker.main import run_worker
 from tokenpace.server.worker.wire import WorkerSpec
 from tokenpace.server.worker_handle import WorkerHandle
 
 _SPAWN = multiprocessing.get_context("spawn")
+
+
+def worker_entry(spec: WorkerSpec, conn: Connection) -> None:
+    """The spawned process's entry point: environment defaults, then ``run_worker``."""
+    apply_process_defaults(os.environ)
+    run_worker(spec, conn)
 
 
 class WorkerProcess(WorkerHandle):
@@ -31,7 +39,7 @@ class WorkerProcess(WorkerHandle):
     def start(cls, spec: WorkerSpec, name: str) -> WorkerProcess:
         """Spawn a worker for ``spec``; it begins loading at once."""
         server_end, worker_end = _SPAWN.Pipe(duplex=True)
-        process = _SPAWN.Process(target=run_worker, args=(spec, worker_end), name=name)
+        process = _SPAWN.Process(target=worker_entry, args=(spec, worker_end), name=name)
         process.start()
         worker_end.close()  # so the server sees EOF when the worker dies
         return cls(process, server_end)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from tokenpace.core.cache import default_cache_dir
 from tokenpace.core.config import option, require_positive
 from tokenpace.engine.dtype import DTYPE_CHOICES
 
@@ -28,7 +29,7 @@ class NativeEngineConfig:
         "'smollm2', a local HF model directory, a .gguf file or random:NAME (shipped config).",
     )
     cache_dir: Path | None = option(
-        None, "Where converted checkpoints are cached (default: ~/.cache/tokenpace)."
+        None, "Where converted checkpoints are cached (default: core.cache.default_cache_dir())."
     )
     dtype: str = option(
         "auto",
@@ -78,6 +79,5 @@ class NativeEngineConfig:
         return self.kv_cache_tokens // self.block_size
 
     def resolved_cache_dir(self) -> Path:
-        return (
-            self.cache_dir if self.cache_dir is not None else Path.home() / ".cache" / "tokenpace"
-        )
+        """``cache_dir``, or ``default_cache_dir()`` when None."""
+        return self.cache_dir if self.cache_dir is not None else default_cache_dir()

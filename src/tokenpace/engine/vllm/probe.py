@@ -34,17 +34,20 @@ VLLM_SWEEP = SweepConfig(
 )
 
 
-def profile_engine_config(model: str = "smollm2", dtype: str = "bfloat16") -> VllmEngineConfig:
+def profile_engine_config(
+    model: str = "smollm2", dtype: str = "bfloat16", cache_dir: Path | None = None
+) -> VllmEngineConfig:
     """An engine sized for ``VLLM_SWEEP`` (contexts up to 1,024 tokens at batch 16, batches
     up to 48). ``model`` is a local Hugging Face directory, or ``"smollm2"``: the embedded
-    GGUF, converted once into the native engine's checkpoint cache. Importing the converter
+    GGUF, converted once into the native engine's checkpoint cache (``cache_dir``, default
+    ``default_cache_dir()``). Importing the converter
     sets ``OMP_WAIT_POLICY=PASSIVE`` for torch, as the bench runner's vLLM engine gets it,
     so the profile is measured the way that engine runs."""
     if model == "smollm2":
         from tokenpace.engine.native import NativeEngineConfig
         from tokenpace.engine.native.loading import ensure_checkpoint
 
-        model = str(ensure_checkpoint(NativeEngineConfig())[0])
+        model = str(ensure_checkpoint(NativeEngineConfig(cache_dir=cache_dir))[0])
     elif not (Path(model) / "config.json").is_file():
         raise FileNotFoundError(f"model {model!r} is not a Hugging Face model directory")
     return VllmEngineConfig(

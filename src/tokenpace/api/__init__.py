@@ -1,0 +1,1 @@
+"""The public Python API; ``tokenpace`` re-exports everything listed in its ``__all__``."""
