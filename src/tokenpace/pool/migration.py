@@ -21,8 +21,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 
+from tokenpace.core.lifecycle import ContainerState
 from tokenpace.core.request import Request
-from tokenpace.pool.container import Container, ContainerState
+from tokenpace.pool.container import Container
 from tokenpace.sim.server import PRIORITY_STEP_DONE
 
 

@@ -20,10 +20,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection, wait
 
+from tokenpace.core.lifecycle import ContainerState
 from tokenpace.core.logprobs import TokenLogprob
 from tokenpace.core.request import FinishReason, Request
 from tokenpace.engine.profile import EngineProfile
-from tokenpace.pool.container import ContainerState
 from tokenpace.server.admission import AdmissionQueue
 from tokenpace.server.events import (
     Event,

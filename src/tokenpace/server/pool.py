@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 
-from tokenpace.pool.container import ContainerState
+from tokenpace.core.lifecycle import ContainerState
 from tokenpace.pool.router import Router
 from tokenpace.pool.view import ContainerView
 from tokenpace.server.container import (
