@@ -90,7 +90,7 @@ class Pool:
     # ContainerListener
     def on_finished(self, container: Container, requests: list[Request], now_s: float) -> None:
         if self.migrator is not None and self.migrator.on_finished(container, requests, now_s):
-            requests = [r for r in requests if r.request_id >= 0]
+            requests = [r for r in requests if not self.migrator.is_shadow(r)]
         self.num_finished += len(requests)
         self._scale(now_s, self.num_outstanding)
 

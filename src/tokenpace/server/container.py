@@ -2,9 +2,11 @@
 
 Requests enter through a thread-safe inbox; the container thread forwards them to its
 worker, reads the worker's reports and turns them into each request's events and the
-server's metrics. A container is cold (no process), loading or warm. Work routed to a
+server's metrics. Its life cycle (cold: no process, loading, warm, keep-alive, draining) is
+the shared ``core.lifecycle.ContainerLifecycle``, driven here in wall time. Work routed to a
 cold container spawns a worker (a cold start: imports and weights from the cached
-checkpoint tier). A warm container idle for its keep-alive shuts its worker down. A worker
+checkpoint tier). A warm container idle past its keep-alive shuts its worker down, unless
+the pool's floor on instances holds it warm (it asks again after another keep-alive). A worker
 that dies is noticed at once: its in-flight requests are handed to ``on_orphans`` (the
 pool retries them on another container) or failed with a clear error, and a new worker
 is started.
@@ -20,10 +22,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection, wait
 
-from tokenpace.core.lifecycle import ContainerState
+from tokenpace.core.lifecycle import ContainerLifecycle, ContainerPhase, ContainerState
 from tokenpace.core.logprobs import TokenLogprob
 from tokenpace.core.request import FinishReason, Request
 from tokenpace.engine.profile import EngineProfile
+from tokenpace.pool.view import estimate_queue_wait_s
 from tokenpace.server.admission import AdmissionQueue
 from tokenpace.server.events import (
     Event,
@@ -83,15 +86,24 @@ class InFlight:
         )
 
     @property
-    def outstanding_tokens(self) -> int:
-        remaining = self.request.max_tokens - len(self.delivered)
-        return remaining if self.admitted else remaining + self.request.num_prompt_tokens
+    def num_prefill_tokens(self) -> int:
+        """Tokens a worker still has to prefill: the prompt and the tokens delivered so far
+        (a resumed request re-prefills them) until the worker admits it, then none."""
+        return 0 if self.admitted else self.request.num_prompt_tokens + len(self.delivered)
+
+    @property
+    def num_decode_tokens(self) -> int:
+        """Output tokens still allowed."""
+        return self.request.max_tokens - len(self.delivered)
 
 
 @dataclass(frozen=True, slots=True)
 class ContainerSnapshot:
     """A container's load at one instant, for routing, draining and /health. Counts
-    include requests not yet forwarded to the worker."""
+    include requests not yet forwarded to the worker. ``startup_s``: seconds until it can
+    run a step, from its last measured load time (None: cold or loading and never loaded,
+    so unknown). ``queue_wait_s``: the pool's estimate (``pool.view.estimate_queue_wait_s``)
+    from the worker's measured profile (0 before its first load)."""
 
     container_id: int
     state: ContainerState
@@ -103,6 +115,9 @@ class ContainerSnapshot:
     queue_wait_s: float = 0.0
     pid: int | None = None
     location: str | None = None
+    phase: ContainerPhase = ContainerPhase.COLD
+    startup_s: float | None = None
+    draining: bool = False
 
 
 OrphanHandler = Callable[[int, list[InFlight]], list[InFlight]]
@@ -112,8 +127,9 @@ OrphanHandler = Callable[[int, list[InFlight]], list[InFlight]]
 class ContainerDeps:
     """What every container of a pool shares. ``on_orphans(container_id, requests)``
     places the in-flight requests of a dead worker elsewhere and returns those it could
-    not place (they fail). ``launch`` starts a worker: a local process by default, or a Ray
-    actor (``server.ray_workers``)."""
+    not place (they fail). ``may_retire(container_id)`` says whether an idle container
+    whose keep-alive ran out may go cold (the autoscaler's floor). ``launch`` starts a
+    worker: a local process by default, or a Ray actor (``server.ray_workers``)."""
 
     spec: WorkerSpec
     clock: Clock
@@ -122,6 +138,7 @@ class ContainerDeps:
     keep_alive_s: float | None
     on_state_change: Callable[[], None]
     on_orphans: OrphanHandler = lambda _container_id, orphans: orphans
+    may_retire: Callable[[int], bool] = lambda _container_id: True
     stop_timeout_s: float = 10.0
     launch: Launcher = WorkerProcess.start
 
@@ -142,13 +159,12 @@ class ServerContainer:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         self._thread: threading.Thread | None = None
-        self._state = ContainerState.COLD
+        self._life = ContainerLifecycle(deps.keep_alive_s)
         self._worker: WorkerHandle | None = None
         self._profile: EngineProfile | None = deps.spec.profile
         self._dtype: str | None = deps.spec.dtype
         self._inflight: dict[int, InFlight] = {}
         self._load = LoadState()
-        self._idle_since_s: float | None = None
         self._last_load_s: float | None = None
         self._pid: int | None = None
         self._location: str | None = None
@@ -158,7 +174,14 @@ class ServerContainer:
 
     @property
     def state(self) -> ContainerState:
-        return self._state
+        with self._cond:
+            return self._life.state
+
+    def set_draining(self, draining: bool) -> None:
+        """Mark the container surplus (routers send it no new work) or take it back."""
+        with self._cond:
+            if self._life.is_active:
+                self._life.draining = draining
 
     def start(self, warm: bool = False) -> None:
         """Start the container thread; with ``warm`` its worker is spawned at once."""
@@ -199,29 +222,35 @@ class ServerContainer:
                 os.close(fd)
 
     def snapshot(self) -> ContainerSnapshot:
+        now_s = self._deps.clock()
         with self._cond:
             requests = [*self._inflight.values(), *self._inbox]
             running = sum(1 for r in requests if r.admitted)
-            outstanding = sum(r.outstanding_tokens for r in requests)
+            prefill = sum(r.num_prefill_tokens for r in requests)
+            decode = sum(r.num_decode_tokens for r in requests)
+            life = self._life
+            profile = self._profile
+            wait_s = 0.0
+            if profile is not None and requests:
+                wait_s = estimate_queue_wait_s(profile, prefill, decode, len(requests))
+            startup_s = None
+            if life.state is ContainerState.WARM or self._last_load_s is not None:
+                startup_s = life.startup_s(now_s, self._last_load_s or 0.0)
             return ContainerSnapshot(
                 self.container_id,
-                self._state,
+                life.state,
                 len(requests) - running,
                 running,
-                outstanding,
+                prefill + decode,
                 self._load.num_used_blocks,
                 self._last_load_s,
-                self._queue_wait_s(outstanding),
+                wait_s,
                 self._pid,
                 self._location,
+                life.phase,
+                startup_s,
+                life.draining,
             )
-
-    def _queue_wait_s(self, outstanding_tokens: int) -> float:
-        """Seconds of queued work at the profile's efficient rate (B0 tokens per l_min)."""
-        profile = self._profile
-        if profile is None:
-            return 0.0
-        return outstanding_tokens * profile.l_min_ms / profile.b0 / 1000.0
 
     def _wake(self) -> None:
         # A full pipe means a wake-up is already pending; a closed one, the container is gone.
@@ -282,22 +311,34 @@ class ServerContainer:
             except WorkerGone as gone:
                 self._worker_died(str(gone))
                 return
-        left = self._keep_alive_left()
-        if left is not None and left <= 0:
-            self._go_cold()
+        now_s = self._deps.clock()
+        if self._keep_alive_left() is not None and self._life.keep_alive_due(now_s):
+            if self._deps.may_retire(self.container_id):
+                self._go_cold()
+            else:
+                with self._cond:
+                    self._life.disarm_keep_alive()  # held warm; re-armed at the next wait
 
     def _keep_alive_left(self) -> float | None:
-        keep_alive = self._deps.keep_alive_s
-        if keep_alive is None or self._worker is None or self._idle_since_s is None:
-            return None
+        """Seconds until the keep-alive is due (None: busy, cold or no keep-alive). Arms
+        the keep-alive when the container has just run out of work, disarms it when work
+        came in."""
         with self._cond:
+            life = self._life
             if self._inflight or self._inbox:
+                life.disarm_keep_alive()
                 return None
-        return self._idle_since_s + keep_alive - self._deps.clock()
+            if self._worker is None or life.state is not ContainerState.WARM:
+                return None
+            now_s = self._deps.clock()
+            if life.keep_alive_deadline_s is None:
+                life.arm_keep_alive(now_s)
+            return life.keep_alive_left(now_s)
 
-    def _set_state(self, state: ContainerState) -> None:
+    def _transition(self, change: Callable[[ContainerLifecycle, float], object]) -> None:
+        """Apply one life-cycle transition at the current time and tell the pool."""
         with self._cond:
-            self._state = state
+            change(self._life, self._deps.clock())
         self._deps.on_state_change()
 
     def _spec(self) -> WorkerSpec:
@@ -306,8 +347,7 @@ class ServerContainer:
     def _start_worker(self) -> None:
         """Spawn a worker and wait for it to load (new requests queue meanwhile)."""
         self._start_wanted = False
-        self._set_state(ContainerState.LOADING)
-        start = self._deps.clock()
+        self._transition(ContainerLifecycle.start_load)
         name = f"tokenpace-engine-{self.container_id}"
         try:
             worker = self._deps.launch(self._spec(), name)
@@ -315,14 +355,15 @@ class ServerContainer:
         except (WorkerGone, OSError) as error:
             logger.error("container %d: the engine failed to start: %s", self.container_id, error)
             self.start_error = str(error)
-            self._set_state(ContainerState.COLD)
+            self._transition(ContainerLifecycle.go_cold)
             self.ready.set()
             with self._cond:
                 waiting = list(self._inflight.values())
                 self._inflight.clear()
             self._place_or_fail(waiting, f"the engine failed to start: {error}")
             return
-        load_s = self._deps.clock() - start
+        with self._cond:
+            load_s = self._life.loaded(self._deps.clock())
         self._deps.metrics.observe_cold_start(load_s)
         self._worker = worker
         self._profile = ready.profile
@@ -336,8 +377,7 @@ class ServerContainer:
             self._pid = ready.pid
             self._location = worker.location
             self._last_load_s = load_s
-        self._idle_since_s = self._deps.clock()
-        self._set_state(ContainerState.WARM)
+        self._deps.on_state_change()
         self.ready.set()
         logger.info(
             "container %d: engine process %d (%s) ready in %.1f s, %s "
@@ -369,7 +409,7 @@ class ServerContainer:
             self._location = None
         self._load = LoadState()
         self._publish()
-        self._set_state(ContainerState.COLD)
+        self._transition(ContainerLifecycle.go_cold)
 
     def _shut_down(self) -> None:
         worker, self._worker = self._worker, None
@@ -381,7 +421,7 @@ class ServerContainer:
         self._finish_locally(leftover)
         self._load = LoadState()
         self._publish()
-        self._set_state(ContainerState.COLD)
+        self._transition(ContainerLifecycle.go_cold)
 
     def _worker_died(self, description: str) -> None:
         """The worker is gone: place or fail its requests and start a new one."""
@@ -397,7 +437,7 @@ class ServerContainer:
             self._inflight.clear()
         self._load = LoadState()
         self._publish()
-        self._set_state(ContainerState.COLD)
+        self._transition(ContainerLifecycle.go_cold)
         self._place_or_fail(orphans, description)
         self._start_wanted = not self._stopping
 
@@ -461,10 +501,6 @@ class ServerContainer:
             if inflight is not None:
                 events.append(self._finish_event(inflight, finished))
         self._load = report.load
-        with self._cond:
-            idle = not self._inflight and not self._inbox
-        if idle:
-            self._idle_since_s = self._deps.clock()
         self._publish()
         return events
 

@@ -2,9 +2,10 @@
 
 Routing reuses the simulator's routers: each container's snapshot becomes a
 ``ContainerView``. Startup time of a cold container is its last measured load time (or
-the longest measured so far, before it has loaded once); queued work is estimated at the
-profile's decode rate. The in-flight requests of a container whose engine died are routed
-again among the other containers and resume from the tokens already delivered.
+the longest measured so far, before it has loaded once); queued work is estimated as the
+simulated pool does (``pool.view.estimate_queue_wait_s``). The in-flight requests of a
+container whose engine died are routed again among the other containers and resume from
+the tokens already delivered.
 """
 
 from __future__ import annotations
@@ -113,8 +114,7 @@ class ServerPool:
 
     @staticmethod
     def _view(snapshot: ContainerSnapshot, fallback_load_s: float) -> ContainerView:
-        load_s = snapshot.last_load_s if snapshot.last_load_s is not None else fallback_load_s
-        startup = 0.0 if snapshot.state is ContainerState.WARM else load_s
+        startup = snapshot.startup_s if snapshot.startup_s is not None else fallback_load_s
         return ContainerView(
             container_id=snapshot.container_id,
             state=snapshot.state,
@@ -124,6 +124,7 @@ class ServerPool:
             startup_s=startup,
             queue_wait_s=snapshot.queue_wait_s,
             checkpoint_tier="gpu" if snapshot.state is not ContainerState.COLD else "local_ssd",
+            accepting=not snapshot.draining,
         )
 
     def _on_state_change(self) -> None:

@@ -234,13 +234,16 @@ def time_batch(
     engine: NativeEngine, clock: Clock, num_requests: int, num_prompt: int, num_output: int
 ) -> list[float]:
     """Step latencies (seconds) of ``num_requests`` synthetic requests admitted together
-    under FCFS and run to completion. The engine holds no KV afterwards."""
+    under FCFS and run to completion. Runs at load time, on an engine that holds no
+    request, so the synthetic requests take ids 0..num_requests-1; the engine holds no KV
+    afterwards."""
+    assert engine.num_active_slots == 0, "time_batch needs an engine with no request"
     loop = StepLoop(FcfsPolicy(), engine, record_steps=False)
     now = clock()
     for i in range(num_requests):
         prompt = [100 + (7 * j + 13 * i) % 4000 for j in range(num_prompt)]
         request = Request(
-            -1 - i,
+            i,
             num_prompt,
             num_output,
             now,
@@ -256,5 +259,5 @@ def time_batch(
         loop.complete_step(step, clock())
         latencies.append(step.result.latency_s)
     for i in range(num_requests):
-        engine.free(-1 - i)
+        engine.free(i)
     return latencies
