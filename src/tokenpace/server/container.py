@@ -121,6 +121,7 @@ class ContainerSnapshot:
 
 
 OrphanHandler = Callable[[int, list[InFlight]], list[InFlight]]
+MigrationHandler = Callable[[int, int, InFlight], bool]
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +129,11 @@ class ContainerDeps:
     """What every container of a pool shares. ``on_orphans(container_id, requests)``
     places the in-flight requests of a dead worker elsewhere and returns those it could
     not place (they fail). ``may_retire(container_id)`` says whether an idle container
-    whose keep-alive ran out may go cold (the autoscaler's floor). ``launch`` starts a
+    whose keep-alive ran out may go cold (the autoscaler's floor); ``on_finished()`` hears
+    that requests finished here (the pool scales down); ``on_idle(container_id)`` that a
+    warm container ran out of work (the pool may migrate work to it);
+    ``on_migrate(source_id, target_id, inflight)`` hands a running request detached from
+    its engine to the target (False: it could not, the request fails). ``launch`` starts a
     worker: a local process by default, or a Ray actor (``server.ray_workers``)."""
 
     spec: WorkerSpec
@@ -139,6 +144,9 @@ class ContainerDeps:
     on_state_change: Callable[[], None]
     on_orphans: OrphanHandler = lambda _container_id, orphans: orphans
     may_retire: Callable[[int], bool] = lambda _container_id: True
+    on_finished: Callable[[], None] = lambda: None
+    on_idle: Callable[[int], None] = lambda _container_id: None
+    on_migrate: MigrationHandler = lambda _source_id, _target_id, _inflight: False
     stop_timeout_s: float = 10.0
     launch: Launcher = WorkerProcess.start
 
@@ -153,6 +161,8 @@ class ServerContainer:
         self._cond = threading.Condition()
         self._inbox: list[InFlight] = []
         self._aborts: list[int] = []
+        self._migrate_to: list[int] = []
+        self._idle = False
         self._stopping = False
         self._abort_everything = False
         self._start_wanted = False
@@ -192,17 +202,43 @@ class ServerContainer:
         self._thread.start()
 
     def submit(self, inflight: InFlight) -> None:
-        """Queue a request. Raises RuntimeError once the container is stopping."""
+        """Queue a request; a cold container starts loading. Raises RuntimeError once the
+        container is stopping."""
         with self._cond:
             if self._stopping:
                 raise RuntimeError(SHUTTING_DOWN)
             self._inbox.append(inflight)
+            started = self._life.start_load(self._deps.clock())
+            # Load even if the request is aborted before the engine is up: it is LOADING.
+            self._start_wanted = self._start_wanted or started
+        if started:
+            self._deps.on_state_change()
         self._wake()
+
+    def start_load(self) -> None:
+        """Start the engine of a cold container without a request (the autoscaler scales
+        out); no-op unless cold."""
+        with self._cond:
+            started = not self._stopping and self._life.start_load(self._deps.clock())
+            if started:
+                self._start_wanted = True
+        if started:
+            self._deps.on_state_change()
+            self._wake()
 
     def abort(self, request_id: int) -> None:
         """Abort ``request_id`` before the worker's next step (no-op once it finished)."""
         with self._cond:
             self._aborts.append(request_id)
+        self._wake()
+
+    def migrate_one(self, target_id: int) -> None:
+        """Move the running request with the most output left to container ``target_id``
+        at this container's next turn (live migration, token-based: the target re-prefills
+        its prompt and the tokens delivered so far, and the stream continues from there).
+        No-op when no admitted request has delivered a token yet."""
+        with self._cond:
+            self._migrate_to.append(target_id)
         self._wake()
 
     def abort_all(self) -> None:
@@ -264,6 +300,7 @@ class ServerContainer:
             with self._cond:
                 inbox, self._inbox = self._inbox, []
                 aborts, self._aborts = self._aborts, []
+                migrate_to, self._migrate_to = self._migrate_to, []
                 stopping = self._stopping
                 abort_everything, self._abort_everything = self._abort_everything, False
                 for inflight in inbox:
@@ -281,6 +318,8 @@ class ServerContainer:
             if self._worker is not None:
                 try:
                     self._forward(inbox, aborts)
+                    for target_id in migrate_to:
+                        self._migrate(target_id)
                 except WorkerGone as gone:
                     self._worker_died(str(gone))
                     continue
@@ -295,6 +334,22 @@ class ServerContainer:
         known = [rid for rid in aborts if rid in self._inflight]
         if known:
             worker.send(Abort(tuple(known)))
+
+    def _migrate(self, target_id: int) -> None:
+        """Detach the running request with the most output left from the worker (tokens it
+        reports for it from now on are dropped: the target regenerates them, with the same
+        sampling, from the delivered ones) and hand it to ``target_id``."""
+        worker = self._worker
+        assert worker is not None
+        with self._cond:
+            candidates = [i for i in self._inflight.values() if i.admitted and i.delivered]
+            if not candidates:
+                return
+            chosen = max(candidates, key=lambda i: (i.num_decode_tokens, -i.request.request_id))
+            del self._inflight[chosen.request.request_id]
+        worker.send(Abort((chosen.request.request_id,)))
+        if not self._deps.on_migrate(self.container_id, target_id, chosen):
+            self._fail([chosen], SHUTTING_DOWN)
 
     def _wait_and_read(self) -> None:
         worker = self._worker
@@ -327,13 +382,19 @@ class ServerContainer:
             life = self._life
             if self._inflight or self._inbox:
                 life.disarm_keep_alive()
+                self._idle = False
                 return None
             if self._worker is None or life.state is not ContainerState.WARM:
+                self._idle = False
                 return None
             now_s = self._deps.clock()
             if life.keep_alive_deadline_s is None:
                 life.arm_keep_alive(now_s)
-            return life.keep_alive_left(now_s)
+            left = life.keep_alive_left(now_s)
+            became_idle, self._idle = not self._idle, True
+        if became_idle:
+            self._deps.on_idle(self.container_id)
+        return left
 
     def _transition(self, change: Callable[[ContainerLifecycle, float], object]) -> None:
         """Apply one life-cycle transition at the current time and tell the pool."""
@@ -347,7 +408,7 @@ class ServerContainer:
     def _start_worker(self) -> None:
         """Spawn a worker and wait for it to load (new requests queue meanwhile)."""
         self._start_wanted = False
-        self._transition(ContainerLifecycle.start_load)
+        self._transition(ContainerLifecycle.start_load)  # no-op when already loading
         name = f"tokenpace-engine-{self.container_id}"
         try:
             worker = self._deps.launch(self._spec(), name)
@@ -449,7 +510,7 @@ class ServerContainer:
         for orphan in placed:
             orphan.retries += 1
         leftover = self._deps.on_orphans(self.container_id, placed) if placed else []
-        self._deps.metrics.observe_migrations(len(placed) - len(leftover))
+        self._deps.metrics.observe_resumes(len(placed) - len(leftover))
         self._fail([*leftover, *unplaced], description)
 
     # -- reports -------------------------------------------------------------------
@@ -502,6 +563,8 @@ class ServerContainer:
                 events.append(self._finish_event(inflight, finished))
         self._load = report.load
         self._publish()
+        if report.finished:
+            self._deps.on_finished()
         return events
 
     def _finish_event(
