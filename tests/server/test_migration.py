@@ -29,7 +29,9 @@ def migrating_server() -> Iterator[RunningServer]:
         router="serverlessllm",
         target_per_container=2.0,
         migration_batch_threshold=1,
-        keep_alive_s=2.0,
+        # Long enough that container 1 is still warm when the third request comes (the
+        # test holds either way: a cold one starts, comes up idle and takes a request).
+        keep_alive_s=15.0,
     )
     yield running
     running.stop()
@@ -65,7 +67,7 @@ def test_a_migrated_greedy_stream_equals_its_unmigrated_twin(
     migrating_server: RunningServer,
 ) -> None:
     url = migrating_server.url
-    wait_for(lambda: metric(url, "tokenpace:num_containers", 'state="warm"') == 2, "not warm")
+    wait_for(lambda: metric(url, "tokenpace:num_containers", 'state="warm"') == 2, "not warm", 300)
     assert metric(url, "tokenpace:migrations_total") == 0
     # Two identical greedy requests share container 0 (container 1 is surplus at this
     # load, so the router skips it) ...
