@@ -20,8 +20,8 @@ from tokenpace.pool.router import ROUTERS, build_router
 from tokenpace.pool.scaling import PoolScaler
 from tokenpace.server.admission import AdmissionQueue, QueueBounds
 from tokenpace.server.app import ABORT_GRACE_S, build_app
-from tokenpace.server.container import ContainerDeps
 from tokenpace.server.engines import ENGINE_CONFIGS, load_tokenizer, prepare_checkpoint
+from tokenpace.server.inflight import ContainerDeps
 from tokenpace.server.metrics import ServerMetrics
 from tokenpace.server.options import ServeOptions
 from tokenpace.server.pool import ServerPool

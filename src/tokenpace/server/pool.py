@@ -33,12 +33,8 @@ from tokenpace.core.lifecycle import ContainerState
 from tokenpace.pool.router import Router
 from tokenpace.pool.scaling import PoolScaler, ScaleCandidate
 from tokenpace.pool.view import ContainerView
-from tokenpace.server.container import (
-    ContainerDeps,
-    ContainerSnapshot,
-    InFlight,
-    ServerContainer,
-)
+from tokenpace.server.container import ServerContainer
+from tokenpace.server.inflight import ContainerDeps, ContainerSnapshot, InFlight
 from tokenpace.server.metrics import ServerMetrics
 
 
