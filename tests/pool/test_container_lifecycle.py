@@ -3,10 +3,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tokenpace.core.lifecycle import ContainerState
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.pool.checkpoint import load_time_s
 from tokenpace.pool.config import PoolConfig
-from tokenpace.pool.container import ContainerState
 from tokenpace.pool.simulate import PoolSimulation, simulate_pool
 from tokenpace.workload.spec import RequestSpec
 

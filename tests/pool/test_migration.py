@@ -5,11 +5,11 @@ import itertools
 import numpy as np
 import pytest
 
+from tokenpace.core.lifecycle import ContainerState
 from tokenpace.core.request import Request
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.pool.checkpoint import load_time_s
 from tokenpace.pool.config import PoolConfig
-from tokenpace.pool.container import ContainerState
 from tokenpace.pool.simulate import PoolSimulation
 from tokenpace.workload.spec import RequestSpec, to_requests
 

@@ -2,11 +2,11 @@ from __future__ import annotations
 
 import pytest
 
+from tokenpace.core.lifecycle import ContainerState
 from tokenpace.core.registry import UnknownNameError
 from tokenpace.core.request import Request
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.pool.checkpoint import load_time_s
-from tokenpace.pool.container import ContainerState
 from tokenpace.pool.router import ROUTERS, build_router
 from tokenpace.pool.view import ContainerView
 

@@ -22,6 +22,7 @@ NAMES = [
     "tokenpace:request_aborts_total",
     "tokenpace:num_containers",
     "tokenpace:cold_starts_total",
+    "tokenpace:resumes_total",
     "tokenpace:migrations_total",
 ]
 

@@ -58,7 +58,8 @@ def test_killed_engine_requests_resume_on_another_container(
     assert not any('"error"' in p for p in payloads)
     assert '"completion_tokens": 96' in payloads[-2]
     assert stream_text(payloads, chat=False) == whole["choices"][0]["text"]
-    assert metric(url, "tokenpace:migrations_total") == 1
+    assert metric(url, "tokenpace:resumes_total") == 1
+    assert metric(url, "tokenpace:migrations_total") == 0, "a resume is not a migration"
     assert metric(url, "tokenpace:engine_restarts_total") == 1
     # The dead container comes back with a new engine process (which may go cold again
     # after keep-alive before this looks, so its new load time is what is checked).

@@ -73,7 +73,7 @@ def test_a_frozen_node_is_declared_dead_and_its_stream_moves(
         assert payloads[-1] == "[DONE]"
         assert not any('"error"' in p for p in payloads)
         assert '"completion_tokens": 64' in payloads[-2]
-        assert metric(url, "tokenpace:migrations_total") == 1
+        assert metric(url, "tokenpace:resumes_total") == 1
     finally:
         for pid in frozen:
             with contextlib.suppress(ProcessLookupError):

@@ -79,7 +79,7 @@ def test_a_lost_node_moves_its_stream_and_the_container_returns_on_a_new_node(
     assert not any('"error"' in p for p in payloads)
     assert '"completion_tokens": 96' in payloads[-2]
     assert stream_text(payloads, chat=False)
-    assert metric(url, "tokenpace:migrations_total") == 1
+    assert metric(url, "tokenpace:resumes_total") == 1
     assert metric(url, "tokenpace:engine_restarts_total") == 1
     # No node has room for the restarted actor: it waits, loading, until one joins.
     assert health(url)["containers"][victim["id"]]["state"] == "loading"

@@ -1,34 +1,35 @@
-"""A simulated container: one step loop with a cold -> loading -> warm -> cold life cycle.
+"""A simulated container: a step loop on the event kernel driving the shared life cycle.
 
-While loading, requests routed here queue in its step loop and wait; their wait counts as
-``cold_start_s``. A warm container steps back to back while it has work; once it has none
-it arms its keep-alive timer and goes cold when the timer expires, unless the pool's floor
-on instances forbids it (then it stays warm until it next runs out of work). Going cold
-releases the GPU: the checkpoint stays in host memory.
+The life cycle itself (cold -> loading -> warm -> keep-alive -> cold, draining) is
+``core.lifecycle.ContainerLifecycle``; this module turns its transitions into events in
+virtual time. While loading, requests routed here queue in the step loop and wait; their
+wait counts as ``cold_start_s``. A warm container steps back to back while it has work
+(``sim.server.SimServer``); once it has none it arms its keep-alive and goes cold when the
+keep-alive is due, unless the pool's floor on instances forbids it (then it stays warm
+until it next runs out of work). Going cold releases the GPU: the checkpoint stays in host
+memory.
 """
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Protocol
 
+from tokenpace.core.lifecycle import ContainerLifecycle, ContainerState
 from tokenpace.core.request import Request, RequestStatus
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.pool.checkpoint import CheckpointStore, load_time_s
-from tokenpace.pool.keepalive import KeepAliveTimer
-from tokenpace.runtime.step_loop import InFlightStep, StepLoop
+from tokenpace.runtime.step_loop import StepLoop
 from tokenpace.sim.kernel import EventKernel
-from tokenpace.sim.server import PRIORITY_STEP_DONE
+from tokenpace.sim.server import (
+    PRIORITY_KEEP_ALIVE,
+    PRIORITY_STEP_DONE,
+    BoundaryAction,
+    SimServer,
+)
 
-BoundaryAction = Callable[[float], None]
-
-
-class ContainerState(enum.Enum):
-    COLD = "cold"
-    LOADING = "loading"
-    WARM = "warm"
+__all__ = ["ColdStart", "Container", "ContainerListener", "ContainerState"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,24 +81,40 @@ class Container:
         self.loop = loop
         self.profile = profile
         self.store = store
-        self.state = ContainerState.COLD
-        self.ready_at_s: float | None = None
+        self.lifecycle = ContainerLifecycle(keep_alive_s)
         self.cold_starts: list[ColdStart] = []
-        # Set by the pool when the autoscaler finds this instance surplus: routers send it
-        # no new work, so it runs dry and goes cold after its keep-alive.
-        self.draining = False
-        self._active_since_s: float | None = None
-        self._lifetimes: list[tuple[float, float]] = []  # closed [start, end) intervals
         self._listener = listener
-        self._keep_alive = KeepAliveTimer(kernel, keep_alive_s, self._expire)
-        self._step: InFlightStep | None = None
-        self._at_boundary: list[BoundaryAction] = []
+        self._server = SimServer(
+            kernel,
+            loop,
+            on_finished=partial(listener.on_finished, self),
+            on_idle=self._became_idle,
+            on_step=self.lifecycle.disarm_keep_alive,
+        )
 
     # --- state the routers read -------------------------------------------------------
     @property
+    def state(self) -> ContainerState:
+        return self.lifecycle.state
+
+    @property
+    def draining(self) -> bool:
+        """Set by the pool when the autoscaler finds this instance surplus: routers send
+        it no new work, so it runs dry and goes cold after its keep-alive."""
+        return self.lifecycle.draining
+
+    @draining.setter
+    def draining(self, value: bool) -> None:
+        self.lifecycle.draining = value
+
+    @property
+    def ready_at_s(self) -> float | None:
+        return self.lifecycle.ready_at_s
+
+    @property
     def busy(self) -> bool:
         """A step is in flight."""
-        return self._step is not None
+        return self._server.busy
 
     @property
     def is_idle(self) -> bool:
@@ -106,7 +123,7 @@ class Container:
     @property
     def is_active(self) -> bool:
         """Warm or loading: counts as an instance for the autoscaler."""
-        return self.state is not ContainerState.COLD
+        return self.lifecycle.is_active
 
     @property
     def num_outstanding(self) -> int:
@@ -114,19 +131,12 @@ class Container:
 
     @property
     def keep_alive_deadline_s(self) -> float | None:
-        return self._keep_alive.deadline_s
+        return self.lifecycle.keep_alive_deadline_s
 
     def container_seconds(self, until_s: float) -> float:
         """Seconds this container was loading or warm (what a serverless platform bills)
         from the start of the run to ``until_s``."""
-        spans = list(self._lifetimes)
-        if self._active_since_s is not None:
-            spans.append((self._active_since_s, until_s))
-        return sum(max(0.0, min(end, until_s) - start) for start, end in spans)
-
-    def _activate(self, now_s: float) -> None:
-        if self._active_since_s is None:
-            self._active_since_s = now_s
+        return self.lifecycle.container_seconds(until_s)
 
     def checkpoint_tier(self) -> str:
         """Where this container would load its checkpoint from if it started now."""
@@ -135,18 +145,14 @@ class Container:
     def startup_s(self, now_s: float) -> float:
         """Seconds until this container can run a step: 0 when warm, the rest of the load
         when loading, the load time from its checkpoint's tier when cold."""
-        if self.state is ContainerState.WARM:
-            return 0.0
-        if self.state is ContainerState.LOADING:
-            assert self.ready_at_s is not None
-            return max(0.0, self.ready_at_s - now_s)
-        return load_time_s(self.profile, self.checkpoint_tier())
+        if self.state is ContainerState.COLD:
+            return load_time_s(self.profile, self.checkpoint_tier())
+        return self.lifecycle.startup_s(now_s, 0.0)
 
     # --- life cycle ---------------------------------------------------------------------
     def start_warm(self, now_s: float) -> None:
         """Begin the run already warm (the checkpoint is resident) and idle."""
-        self.state = ContainerState.WARM
-        self._activate(now_s)
+        self.lifecycle.start_warm(now_s)
         self._became_idle(now_s)
 
     def start_load(self, now_s: float) -> None:
@@ -155,17 +161,16 @@ class Container:
         if self.state is not ContainerState.COLD:
             return
         tier = self.checkpoint_tier()
-        self.ready_at_s = now_s + load_time_s(self.profile, tier)
-        self.state = ContainerState.LOADING
-        self._activate(now_s)
-        self.cold_starts.append(ColdStart(self.container_id, tier, now_s, self.ready_at_s))
-        self.kernel.schedule(self.ready_at_s, PRIORITY_STEP_DONE, self._loaded)
+        ready_at_s = now_s + load_time_s(self.profile, tier)
+        self.lifecycle.start_load(now_s, ready_at_s)
+        self.cold_starts.append(ColdStart(self.container_id, tier, now_s, ready_at_s))
+        self.kernel.schedule(ready_at_s, PRIORITY_STEP_DONE, self._loaded)
 
     def submit(self, request: Request, now_s: float) -> None:
         """Queue ``request`` here; a cold container starts loading."""
         request.container_id = self.container_id
         self.loop.add_request(request, now_s)
-        self._keep_alive.cancel()
+        self.lifecycle.disarm_keep_alive()
         if self.state is ContainerState.COLD:
             self.start_load(now_s)
         else:
@@ -173,66 +178,40 @@ class Container:
 
     def wake(self, now_s: float) -> None:
         """Start a step if warm, not stepping, and there is work."""
-        if self.state is ContainerState.WARM and not self.busy:
-            self._start_step(now_s)
+        if self.state is ContainerState.WARM:
+            self._server.wake(now_s)
 
     def _loaded(self, now_s: float) -> None:
-        self.state = ContainerState.WARM
-        self.ready_at_s = None
+        self.lifecycle.loaded(now_s)
         self.store.record_load(self.profile.name, self.profile.checkpoint_bytes)
         for request in self.loop.waiting:
             assert request.queued_s is not None
             request.cold_start_s += now_s - request.queued_s
-        self._start_step(now_s)
-
-    def _start_step(self, now_s: float) -> None:
-        step = self.loop.begin_step(now_s)
-        self._step = step
-        if step is None:
-            if not self.loop.has_work:
-                self._became_idle(now_s)
-            return
-        self._keep_alive.cancel()
-        done_at = now_s + step.result.latency_s
-        self.kernel.schedule(done_at, PRIORITY_STEP_DONE, lambda t: self._complete(step, t))
-
-    def _complete(self, step: InFlightStep, now_s: float) -> None:
-        done = self.loop.complete_step(step, now_s)
-        self._step = None
-        actions, self._at_boundary = self._at_boundary, []
-        for action in actions:
-            action(now_s)
-        if done:
-            self._listener.on_finished(self, done, now_s)
-        if not self.busy:
-            self._start_step(now_s)
+        self._server.start_step(now_s)
 
     def _became_idle(self, now_s: float) -> None:
-        self._keep_alive.arm(now_s)
+        epoch = self.lifecycle.arm_keep_alive(now_s)
+        deadline = self.lifecycle.keep_alive_deadline_s
+        assert deadline is not None
+        self.kernel.schedule(deadline, PRIORITY_KEEP_ALIVE, partial(self._expire, epoch))
         self._listener.on_idle(self, now_s)
 
-    def _expire(self, now_s: float) -> None:
-        if not self.is_idle:
+    def _expire(self, epoch: int, now_s: float) -> None:
+        if not self.lifecycle.keep_alive_due(now_s, epoch):
+            return  # work came in since the keep-alive was armed
+        # Off until the container next runs out of work: re-arming now would tick forever
+        # in an idle pool held warm by the floor on instances.
+        self.lifecycle.disarm_keep_alive()
+        if not self.is_idle or not self._listener.may_retire(self):
             return
-        if not self._listener.may_retire(self):
-            # Held warm by the floor on instances; the timer re-arms the next time the
-            # container runs out of work (re-arming now would tick forever in an idle pool).
-            return
-        self.state = ContainerState.COLD
-        self.draining = False
-        if self._active_since_s is not None:
-            self._lifetimes.append((self._active_since_s, now_s))
-            self._active_since_s = None
+        self.lifecycle.go_cold(now_s)
         self.store.record_unload(self.profile.name, self.profile.checkpoint_bytes)
 
     # --- migration ----------------------------------------------------------------------
     def at_step_boundary(self, action: BoundaryAction, now_s: float) -> None:
         """Run ``action(t)`` once no step is in flight: now if idle, else when the current
         step's tokens have been delivered (before the next step starts)."""
-        if self.busy:
-            self._at_boundary.append(action)
-        else:
-            action(now_s)
+        self._server.at_step_boundary(action, now_s)
 
     def release_waiting(self, request_ids: list[int], now_s: float) -> list[Request]:
         """Remove the given waiting requests (KeyError if one is not waiting). Time spent
@@ -269,5 +248,5 @@ class Container:
         request.status = RequestStatus.RUNNING
         request.container_id = self.container_id
         self.loop.running.append(request)
-        self._keep_alive.cancel()
+        self.lifecycle.disarm_keep_alive()
         self.wake(now_s)

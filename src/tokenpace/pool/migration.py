@@ -9,6 +9,8 @@ sooner there:
    running request with the most output left migrates live: the target re-prefills the
    request's tokens so far (prompt + generated) as a shadow request through its own step
    loop, so the re-prefill costs what the engine says, while the source keeps decoding.
+   The shadow carries the request's own id: the target does not hold the request itself
+   until the hand-off, and the migrator knows its shadows by identity, not by id.
    When the shadow is done, the source stops the request at its next step boundary and
    the target adopts it, holding the re-prefilled tokens; its next step computes the few
    tokens the source generated meanwhile, then it decodes on. The request object (and so
@@ -21,8 +23,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 
+from tokenpace.core.lifecycle import ContainerState
 from tokenpace.core.request import Request
-from tokenpace.pool.container import Container, ContainerState
+from tokenpace.pool.container import Container
 from tokenpace.sim.server import PRIORITY_STEP_DONE
 
 
@@ -51,12 +54,6 @@ class MigrationRecord:
     num_reprefill_tokens: int
 
 
-def shadow_id(request_id: int) -> int:
-    """Engine-side id of the re-prefill shadow of ``request_id`` (negative: never clashes
-    with a workload id)."""
-    return -1 - request_id
-
-
 class Migrator:
     """Decides and carries out migrations for a pool; see the module docstring.
 
@@ -82,11 +79,16 @@ class Migrator:
         if not self._move_waiting(target, now_s):
             self._start_live(target, now_s)
 
+    def is_shadow(self, request: Request) -> bool:
+        """Whether ``request`` is the re-prefill shadow of a live migration in progress."""
+        migration = self._live.get(request.request_id)
+        return migration is not None and migration.shadow is request
+
     def on_finished(self, container: Container, requests: list[Request], now_s: float) -> bool:
         """Handle finished shadows among ``requests``; True if any was a shadow."""
         seen = False
         for request in requests:
-            if request.request_id < 0 and request.request_id in self._live:
+            if self.is_shadow(request):
                 seen = True
                 migration = self._live[request.request_id]
                 container.kernel.schedule(
@@ -113,7 +115,7 @@ class Migrator:
         count = len(source.loop.waiting)
         if source.state is ContainerState.WARM:
             count = max(1, count // 2)
-        movable = [r.request_id for r in source.loop.waiting if r.request_id >= 0][-count:]
+        movable = [r.request_id for r in source.loop.waiting if not self.is_shadow(r)][-count:]
         moved = source.release_waiting(movable, now_s)
         for request in moved:
             target.submit(request, now_s)
@@ -141,11 +143,10 @@ class Migrator:
         if not busy:
             return
         source = max(busy, key=lambda c: (len(c.loop.running), -c.container_id))
-        migrating = {m.request.request_id for m in self._live.values()}
         candidates = [
             r
             for r in source.loop.running
-            if r.request_id not in migrating and r.num_output_tokens > 0 and not r.is_prefilling
+            if r.request_id not in self._live and r.num_output_tokens > 0 and not r.is_prefilling
         ]
         if not candidates:
             return
@@ -153,16 +154,16 @@ class Migrator:
         # The re-prefill covers every token the source holds in its KV cache: all but the
         # newest one, which the next decode step computes.
         shadow = Request(
-            request_id=shadow_id(request.request_id),
+            request_id=request.request_id,
             num_prompt_tokens=request.num_tokens - 1,
             max_tokens=1,
             arrival_s=now_s,
         )
-        self._live[shadow.request_id] = LiveMigration(request, source, target, shadow, now_s)
+        self._live[request.request_id] = LiveMigration(request, source, target, shadow, now_s)
         target.submit(shadow, now_s)
 
     def _hand_off(self, migration: LiveMigration, now_s: float) -> None:
-        del self._live[migration.shadow.request_id]
+        del self._live[migration.request.request_id]
         request, source, target = migration.request, migration.source, migration.target
         if (
             request.is_done

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tokenpace.core.lifecycle import ContainerState
 from tokenpace.engine.profile import EngineProfile
-from tokenpace.pool.container import Container, ContainerState
+from tokenpace.pool.container import Container
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,6 +49,7 @@ def build_app(service: Service, config: RouteConfig, shutdown_timeout_s: float) 
                 {
                     "id": s.container_id,
                     "state": s.state.value,
+                    "phase": s.phase.value,
                     "num_running": s.num_running,
                     "num_waiting": s.num_waiting,
                     "num_used_blocks": s.num_used_blocks,

@@ -2,9 +2,11 @@
 
 Requests enter through a thread-safe inbox; the container thread forwards them to its
 worker, reads the worker's reports and turns them into each request's events and the
-server's metrics. A container is cold (no process), loading or warm. Work routed to a
+server's metrics. Its life cycle (cold: no process, loading, warm, keep-alive, draining) is
+the shared ``core.lifecycle.ContainerLifecycle``, driven here in wall time. Work routed to a
 cold container spawns a worker (a cold start: imports and weights from the cached
-checkpoint tier). A warm container idle for its keep-alive shuts its worker down. A worker
+checkpoint tier). A warm container idle past its keep-alive shuts its worker down, unless
+the pool's floor on instances holds it warm (it asks again after another keep-alive). A worker
 that dies is noticed at once: its in-flight requests are handed to ``on_orphans`` (the
 pool retries them on another container) or failed with a clear error, and a new worker
 is started.
@@ -17,14 +19,14 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from multiprocessing.connection import Connection, wait
 
+from tokenpace.core.lifecycle import ContainerLifecycle, ContainerState
 from tokenpace.core.logprobs import TokenLogprob
-from tokenpace.core.request import FinishReason, Request
+from tokenpace.core.request import FinishReason
 from tokenpace.engine.profile import EngineProfile
-from tokenpace.pool.container import ContainerState
-from tokenpace.server.admission import AdmissionQueue
+from tokenpace.pool.view import estimate_queue_wait_s
 from tokenpace.server.events import (
     Event,
     FinishEvent,
@@ -33,7 +35,7 @@ from tokenpace.server.events import (
     TokenEvent,
     post_events,
 )
-from tokenpace.server.metrics import ServerMetrics
+from tokenpace.server.inflight import ContainerDeps, ContainerSnapshot, InFlight
 from tokenpace.server.worker.dtype_choice import DtypeChoice
 from tokenpace.server.worker.wire import (
     Abort,
@@ -43,87 +45,12 @@ from tokenpace.server.worker.wire import (
     Report,
     Submit,
     WorkerSpec,
-    WorkItem,
 )
-from tokenpace.server.worker_handle import Launcher, WorkerGone, WorkerHandle
-from tokenpace.server.worker_process import WorkerProcess
+from tokenpace.server.worker_handle import WorkerGone, WorkerHandle
 
 logger = logging.getLogger("tokenpace.server")
 
-Clock = Callable[[], float]
 SHUTTING_DOWN = "the server is shutting down"
-
-
-@dataclass(slots=True, eq=False)
-class InFlight:
-    """A request the server accepted, and what has been delivered of it so far."""
-
-    request: Request
-    handle: RequestHandle
-    delivered: list[int] = field(default_factory=list)
-    last_token_s: float | None = None
-    admitted: bool = False
-    retries: int = 0
-    prompt_logprobs_sent: bool = False
-
-    def work_item(self) -> WorkItem:
-        """The request as a worker should run it now: delivered tokens extend the prompt and
-        its sampling continues from the next output position (prompt logprobs, once
-        delivered, are not asked for again)."""
-        r = self.request
-        sampling = replace(r.sampling, first_output_index=len(self.delivered))
-        if self.prompt_logprobs_sent:
-            sampling = replace(sampling, prompt_logprobs=None)
-        return WorkItem(
-            request_id=r.request_id,
-            prompt_token_ids=(*(r.prompt_token_ids or ()), *self.delivered),
-            max_tokens=r.max_tokens - len(self.delivered),
-            arrival_s=r.arrival_s,
-            sampling=sampling,
-        )
-
-    @property
-    def outstanding_tokens(self) -> int:
-        remaining = self.request.max_tokens - len(self.delivered)
-        return remaining if self.admitted else remaining + self.request.num_prompt_tokens
-
-
-@dataclass(frozen=True, slots=True)
-class ContainerSnapshot:
-    """A container's load at one instant, for routing, draining and /health. Counts
-    include requests not yet forwarded to the worker."""
-
-    container_id: int
-    state: ContainerState
-    num_waiting: int
-    num_running: int
-    outstanding_tokens: int
-    num_used_blocks: int
-    last_load_s: float | None
-    queue_wait_s: float = 0.0
-    pid: int | None = None
-    location: str | None = None
-
-
-OrphanHandler = Callable[[int, list[InFlight]], list[InFlight]]
-
-
-@dataclass(frozen=True, slots=True)
-class ContainerDeps:
-    """What every container of a pool shares. ``on_orphans(container_id, requests)``
-    places the in-flight requests of a dead worker elsewhere and returns those it could
-    not place (they fail). ``launch`` starts a worker: a local process by default, or a Ray
-    actor (``server.ray_workers``)."""
-
-    spec: WorkerSpec
-    clock: Clock
-    metrics: ServerMetrics
-    admission: AdmissionQueue
-    keep_alive_s: float | None
-    on_state_change: Callable[[], None]
-    on_orphans: OrphanHandler = lambda _container_id, orphans: orphans
-    stop_timeout_s: float = 10.0
-    launch: Launcher = WorkerProcess.start
 
 
 class ServerContainer:
@@ -136,19 +63,20 @@ class ServerContainer:
         self._cond = threading.Condition()
         self._inbox: list[InFlight] = []
         self._aborts: list[int] = []
+        self._migrate_to: list[int] = []
+        self._idle = False
         self._stopping = False
         self._abort_everything = False
         self._start_wanted = False
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         self._thread: threading.Thread | None = None
-        self._state = ContainerState.COLD
+        self._life = ContainerLifecycle(deps.keep_alive_s)
         self._worker: WorkerHandle | None = None
         self._profile: EngineProfile | None = deps.spec.profile
         self._dtype: str | None = deps.spec.dtype
         self._inflight: dict[int, InFlight] = {}
         self._load = LoadState()
-        self._idle_since_s: float | None = None
         self._last_load_s: float | None = None
         self._pid: int | None = None
         self._location: str | None = None
@@ -158,7 +86,14 @@ class ServerContainer:
 
     @property
     def state(self) -> ContainerState:
-        return self._state
+        with self._cond:
+            return self._life.state
+
+    def set_draining(self, draining: bool) -> None:
+        """Mark the container surplus (routers send it no new work) or take it back."""
+        with self._cond:
+            if self._life.is_active:
+                self._life.draining = draining
 
     def start(self, warm: bool = False) -> None:
         """Start the container thread; with ``warm`` its worker is spawned at once."""
@@ -169,17 +104,43 @@ class ServerContainer:
         self._thread.start()
 
     def submit(self, inflight: InFlight) -> None:
-        """Queue a request. Raises RuntimeError once the container is stopping."""
+        """Queue a request; a cold container starts loading. Raises RuntimeError once the
+        container is stopping."""
         with self._cond:
             if self._stopping:
                 raise RuntimeError(SHUTTING_DOWN)
             self._inbox.append(inflight)
+            started = self._life.start_load(self._deps.clock())
+            # Load even if the request is aborted before the engine is up: it is LOADING.
+            self._start_wanted = self._start_wanted or started
+        if started:
+            self._deps.on_state_change()
         self._wake()
+
+    def start_load(self) -> None:
+        """Start the engine of a cold container without a request (the autoscaler scales
+        out); no-op unless cold."""
+        with self._cond:
+            started = not self._stopping and self._life.start_load(self._deps.clock())
+            if started:
+                self._start_wanted = True
+        if started:
+            self._deps.on_state_change()
+            self._wake()
 
     def abort(self, request_id: int) -> None:
         """Abort ``request_id`` before the worker's next step (no-op once it finished)."""
         with self._cond:
             self._aborts.append(request_id)
+        self._wake()
+
+    def migrate_one(self, target_id: int) -> None:
+        """Move the running request with the most output left to container ``target_id``
+        at this container's next turn (live migration, token-based: the target re-prefills
+        its prompt and the tokens delivered so far, and the stream continues from there).
+        No-op when no admitted request has delivered a token yet."""
+        with self._cond:
+            self._migrate_to.append(target_id)
         self._wake()
 
     def abort_all(self) -> None:
@@ -199,29 +160,35 @@ class ServerContainer:
                 os.close(fd)
 
     def snapshot(self) -> ContainerSnapshot:
+        now_s = self._deps.clock()
         with self._cond:
             requests = [*self._inflight.values(), *self._inbox]
             running = sum(1 for r in requests if r.admitted)
-            outstanding = sum(r.outstanding_tokens for r in requests)
+            prefill = sum(r.num_prefill_tokens for r in requests)
+            decode = sum(r.num_decode_tokens for r in requests)
+            life = self._life
+            profile = self._profile
+            wait_s = 0.0
+            if profile is not None and requests:
+                wait_s = estimate_queue_wait_s(profile, prefill, decode, len(requests))
+            startup_s = None
+            if life.state is ContainerState.WARM or self._last_load_s is not None:
+                startup_s = life.startup_s(now_s, self._last_load_s or 0.0)
             return ContainerSnapshot(
                 self.container_id,
-                self._state,
+                life.state,
                 len(requests) - running,
                 running,
-                outstanding,
+                prefill + decode,
                 self._load.num_used_blocks,
                 self._last_load_s,
-                self._queue_wait_s(outstanding),
+                wait_s,
                 self._pid,
                 self._location,
+                life.phase,
+                startup_s,
+                life.draining,
             )
-
-    def _queue_wait_s(self, outstanding_tokens: int) -> float:
-        """Seconds of queued work at the profile's efficient rate (B0 tokens per l_min)."""
-        profile = self._profile
-        if profile is None:
-            return 0.0
-        return outstanding_tokens * profile.l_min_ms / profile.b0 / 1000.0
 
     def _wake(self) -> None:
         # A full pipe means a wake-up is already pending; a closed one, the container is gone.
@@ -235,6 +202,7 @@ class ServerContainer:
             with self._cond:
                 inbox, self._inbox = self._inbox, []
                 aborts, self._aborts = self._aborts, []
+                migrate_to, self._migrate_to = self._migrate_to, []
                 stopping = self._stopping
                 abort_everything, self._abort_everything = self._abort_everything, False
                 for inflight in inbox:
@@ -252,6 +220,8 @@ class ServerContainer:
             if self._worker is not None:
                 try:
                     self._forward(inbox, aborts)
+                    for target_id in migrate_to:
+                        self._migrate(target_id)
                 except WorkerGone as gone:
                     self._worker_died(str(gone))
                     continue
@@ -266,6 +236,22 @@ class ServerContainer:
         known = [rid for rid in aborts if rid in self._inflight]
         if known:
             worker.send(Abort(tuple(known)))
+
+    def _migrate(self, target_id: int) -> None:
+        """Detach the running request with the most output left from the worker (tokens it
+        reports for it from now on are dropped: the target regenerates them, with the same
+        sampling, from the delivered ones) and hand it to ``target_id``."""
+        worker = self._worker
+        assert worker is not None
+        with self._cond:
+            candidates = [i for i in self._inflight.values() if i.admitted and i.delivered]
+            if not candidates:
+                return
+            chosen = max(candidates, key=lambda i: (i.num_decode_tokens, -i.request.request_id))
+            del self._inflight[chosen.request.request_id]
+        worker.send(Abort((chosen.request.request_id,)))
+        if not self._deps.on_migrate(self.container_id, target_id, chosen):
+            self._fail([chosen], SHUTTING_DOWN)
 
     def _wait_and_read(self) -> None:
         worker = self._worker
@@ -282,22 +268,40 @@ class ServerContainer:
             except WorkerGone as gone:
                 self._worker_died(str(gone))
                 return
-        left = self._keep_alive_left()
-        if left is not None and left <= 0:
-            self._go_cold()
+        now_s = self._deps.clock()
+        if self._keep_alive_left() is not None and self._life.keep_alive_due(now_s):
+            if self._deps.may_retire(self.container_id):
+                self._go_cold()
+            else:
+                with self._cond:
+                    self._life.disarm_keep_alive()  # held warm; re-armed at the next wait
 
     def _keep_alive_left(self) -> float | None:
-        keep_alive = self._deps.keep_alive_s
-        if keep_alive is None or self._worker is None or self._idle_since_s is None:
-            return None
+        """Seconds until the keep-alive is due (None: busy, cold or no keep-alive). Arms
+        the keep-alive when the container has just run out of work, disarms it when work
+        came in."""
         with self._cond:
+            life = self._life
             if self._inflight or self._inbox:
+                life.disarm_keep_alive()
+                self._idle = False
                 return None
-        return self._idle_since_s + keep_alive - self._deps.clock()
+            if self._worker is None or life.state is not ContainerState.WARM:
+                self._idle = False
+                return None
+            now_s = self._deps.clock()
+            if life.keep_alive_deadline_s is None:
+                life.arm_keep_alive(now_s)
+            left = life.keep_alive_left(now_s)
+            became_idle, self._idle = not self._idle, True
+        if became_idle:
+            self._deps.on_idle(self.container_id)
+        return left
 
-    def _set_state(self, state: ContainerState) -> None:
+    def _transition(self, change: Callable[[ContainerLifecycle, float], object]) -> None:
+        """Apply one life-cycle transition at the current time and tell the pool."""
         with self._cond:
-            self._state = state
+            change(self._life, self._deps.clock())
         self._deps.on_state_change()
 
     def _spec(self) -> WorkerSpec:
@@ -306,8 +310,7 @@ class ServerContainer:
     def _start_worker(self) -> None:
         """Spawn a worker and wait for it to load (new requests queue meanwhile)."""
         self._start_wanted = False
-        self._set_state(ContainerState.LOADING)
-        start = self._deps.clock()
+        self._transition(ContainerLifecycle.start_load)  # no-op when already loading
         name = f"tokenpace-engine-{self.container_id}"
         try:
             worker = self._deps.launch(self._spec(), name)
@@ -315,14 +318,15 @@ class ServerContainer:
         except (WorkerGone, OSError) as error:
             logger.error("container %d: the engine failed to start: %s", self.container_id, error)
             self.start_error = str(error)
-            self._set_state(ContainerState.COLD)
+            self._transition(ContainerLifecycle.go_cold)
             self.ready.set()
             with self._cond:
                 waiting = list(self._inflight.values())
                 self._inflight.clear()
             self._place_or_fail(waiting, f"the engine failed to start: {error}")
             return
-        load_s = self._deps.clock() - start
+        with self._cond:
+            load_s = self._life.loaded(self._deps.clock())
         self._deps.metrics.observe_cold_start(load_s)
         self._worker = worker
         self._profile = ready.profile
@@ -336,8 +340,7 @@ class ServerContainer:
             self._pid = ready.pid
             self._location = worker.location
             self._last_load_s = load_s
-        self._idle_since_s = self._deps.clock()
-        self._set_state(ContainerState.WARM)
+        self._deps.on_state_change()
         self.ready.set()
         logger.info(
             "container %d: engine process %d (%s) ready in %.1f s, %s "
@@ -369,7 +372,7 @@ class ServerContainer:
             self._location = None
         self._load = LoadState()
         self._publish()
-        self._set_state(ContainerState.COLD)
+        self._transition(ContainerLifecycle.go_cold)
 
     def _shut_down(self) -> None:
         worker, self._worker = self._worker, None
@@ -381,7 +384,7 @@ class ServerContainer:
         self._finish_locally(leftover)
         self._load = LoadState()
         self._publish()
-        self._set_state(ContainerState.COLD)
+        self._transition(ContainerLifecycle.go_cold)
 
     def _worker_died(self, description: str) -> None:
         """The worker is gone: place or fail its requests and start a new one."""
@@ -397,7 +400,7 @@ class ServerContainer:
             self._inflight.clear()
         self._load = LoadState()
         self._publish()
-        self._set_state(ContainerState.COLD)
+        self._transition(ContainerLifecycle.go_cold)
         self._place_or_fail(orphans, description)
         self._start_wanted = not self._stopping
 
@@ -409,7 +412,7 @@ class ServerContainer:
         for orphan in placed:
             orphan.retries += 1
         leftover = self._deps.on_orphans(self.container_id, placed) if placed else []
-        self._deps.metrics.observe_migrations(len(placed) - len(leftover))
+        self._deps.metrics.observe_resumes(len(placed) - len(leftover))
         self._fail([*leftover, *unplaced], description)
 
     # -- reports -------------------------------------------------------------------
@@ -461,11 +464,9 @@ class ServerContainer:
             if inflight is not None:
                 events.append(self._finish_event(inflight, finished))
         self._load = report.load
-        with self._cond:
-            idle = not self._inflight and not self._inbox
-        if idle:
-            self._idle_since_s = self._deps.clock()
         self._publish()
+        if report.finished:
+            self._deps.on_finished()
         return events
 
     def _finish_event(

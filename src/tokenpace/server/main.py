@@ -16,11 +16,13 @@ from tokenpace.core.cache import default_cache_dir
 from tokenpace.core.registry import UnknownNameError
 from tokenpace.metrics.slo import Slo
 from tokenpace.policy import POLICIES
+from tokenpace.pool.autoscaler import Autoscaler
 from tokenpace.pool.router import ROUTERS, build_router
+from tokenpace.pool.scaling import PoolScaler
 from tokenpace.server.admission import AdmissionQueue, QueueBounds
 from tokenpace.server.app import ABORT_GRACE_S, build_app
-from tokenpace.server.container import ContainerDeps
 from tokenpace.server.engines import ENGINE_CONFIGS, load_tokenizer, prepare_checkpoint
+from tokenpace.server.inflight import ContainerDeps
 from tokenpace.server.metrics import ServerMetrics
 from tokenpace.server.options import ServeOptions
 from tokenpace.server.pool import ServerPool
@@ -132,7 +134,22 @@ def build_server(
         stop_timeout_s=options.shutdown_timeout_s,
         launch=launch,
     )
-    pool = ServerPool(options.containers, build_router(options.router), deps, release)
+    scaler = PoolScaler(
+        Autoscaler(
+            options.target_per_container,
+            options.min_containers,
+            options.max_containers or options.containers,
+        ),
+        options.scale_down_window_s,
+    )
+    pool = ServerPool(
+        options.containers,
+        build_router(options.router),
+        deps,
+        release,
+        scaler,
+        options.migration_batch_threshold,
+    )
     pool.start(num_warm=options.warm_containers)
     first = pool.containers[0]
     if not first.ready.wait(options.start_timeout_s) or first.kv_capacity_tokens is None:

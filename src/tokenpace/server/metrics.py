@@ -119,10 +119,17 @@ class ServerMetrics:
             buckets=(0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 40.0, 80.0),
             registry=r,
         )
+        self.resumes = Counter(
+            "tokenpace:resumes",
+            "In-flight requests of an engine that died, resumed on another container after "
+            "their delivered tokens.",
+            m,
+            registry=r,
+        )
         self.migrations = Counter(
             "tokenpace:migrations",
-            "In-flight requests moved to another container, resuming after their delivered "
-            "tokens (their engine died).",
+            "Running requests moved live to an idle container (--router serverlessllm): the "
+            "target re-prefilled the prompt and the tokens delivered so far.",
             m,
             registry=r,
         )
@@ -150,6 +157,7 @@ class ServerMetrics:
             self.aborts,
             self.failures,
             self.cold_starts,
+            self.resumes,
             self.migrations,
             self.engine_restarts,
         ):
@@ -163,9 +171,13 @@ class ServerMetrics:
     def observe_queue_time(self, queue_time_s: float) -> None:
         self.queue_time.labels(self.model_name).observe(queue_time_s)
 
-    def observe_migrations(self, num_requests: int) -> None:
+    def observe_resumes(self, num_requests: int) -> None:
         """Requests of a dead engine resumed on another container."""
-        self.migrations.labels(self.model_name).inc(num_requests)
+        self.resumes.labels(self.model_name).inc(num_requests)
+
+    def observe_migration(self) -> None:
+        """One running request moved live to another container."""
+        self.migrations.labels(self.model_name).inc()
 
     def observe_itl(self, gap_s: float) -> None:
         self.itl.labels(self.model_name).observe(gap_s)

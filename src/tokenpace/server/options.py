@@ -41,6 +41,23 @@ class ServeOptions:
     keep_alive_s: float | None = option(
         None, "Seconds an idle container stays warm before going cold (None: never)."
     )
+    min_containers: int = option(
+        0, "Autoscaler floor on warm+loading containers (0 allows scale to zero)."
+    )
+    max_containers: int = option(0, "Autoscaler ceiling on warm+loading containers; 0: all.")
+    target_per_container: float = option(
+        8.0, "Autoscaler target of outstanding requests per warm or loading container."
+    )
+    scale_down_window_s: float = option(
+        5.0,
+        "The autoscaler drains surplus containers only when the load of this many seconds "
+        "past no longer needs them (scale-out is immediate).",
+    )
+    migration_batch_threshold: int = option(
+        8,
+        "With --router serverlessllm: a running request migrates live off a container whose "
+        "batch exceeds this size when another container idles.",
+    )
     ray_address: str | None = option(
         None,
         "Place the engine containers on a Ray cluster: 'local' starts one here, 'auto' or "
@@ -109,7 +126,21 @@ class ServeOptions:
             "start_timeout_s",
             "slo_ttft_ms",
             "slo_tpot_ms",
+            "target_per_container",
+            "migration_batch_threshold",
         )
+        if self.scale_down_window_s < 0:
+            raise ValueError(f"--scale-down-window-s must be >= 0, got {self.scale_down_window_s}")
+        if not 0 <= self.max_containers <= self.containers:
+            raise ValueError(
+                f"--max-containers must be in [0, --containers={self.containers}], "
+                f"got {self.max_containers}"
+            )
+        if not 0 <= self.min_containers <= (self.max_containers or self.containers):
+            raise ValueError(
+                f"--min-containers must be in [0, {self.max_containers or self.containers}], "
+                f"got {self.min_containers}"
+            )
         if not 0 <= self.port < 65536:
             raise ValueError(f"ServeOptions.port must be in [0, 65535], got {self.port}")
         if self.keep_alive_s is not None and not self.keep_alive_s > 0:

@@ -13,8 +13,8 @@ from sse_starlette import EventSourceResponse
 
 from tokenpace.core.sampling import SamplingParams
 from tokenpace.server.access import authorizer, check_model
-from tokenpace.server.container import InFlight
 from tokenpace.server.errors import ApiError
+from tokenpace.server.inflight import InFlight
 from tokenpace.server.output import OutputBuilder, OutputSpec
 from tokenpace.server.prompts import chat_prompt_ids, completion_prompt_ids, prompt_chars
 from tokenpace.server.responses import ResponseMeta

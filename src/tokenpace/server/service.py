@@ -17,9 +17,9 @@ import numpy as np
 from tokenpace.core.request import Request
 from tokenpace.core.sampling import SamplingParams
 from tokenpace.server.admission import AdmissionQueue
-from tokenpace.server.container import InFlight
 from tokenpace.server.errors import ApiError
 from tokenpace.server.events import RequestHandle
+from tokenpace.server.inflight import InFlight
 from tokenpace.server.metrics import ServerMetrics
 from tokenpace.server.pool import ServerPool
 

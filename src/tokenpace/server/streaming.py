@@ -17,9 +17,9 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from tokenpace.server.container import InFlight
 from tokenpace.server.errors import error_body
 from tokenpace.server.events import FinishEvent, PromptLogprobsEvent, TokenEvent
+from tokenpace.server.inflight import InFlight
 from tokenpace.server.output import OutputBuilder, Piece
 from tokenpace.server.responses import (
     ResponseMeta,

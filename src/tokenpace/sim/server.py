@@ -8,18 +8,25 @@ from tokenpace.core.request import Request
 from tokenpace.runtime.step_loop import InFlightStep, StepLoop
 from tokenpace.sim.kernel import EventKernel
 
-# Same-instant ordering: a step's tokens land before arrivals are queued.
+# Same-instant ordering: a step's tokens land before arrivals are queued; a keep-alive
+# expires after both, so work arriving exactly at the deadline keeps a container warm.
 PRIORITY_STEP_DONE = 0
 PRIORITY_ARRIVAL = 1
+PRIORITY_KEEP_ALIVE = 3
 
-FinishedCallback = Callable[[Request, float], None]
+FinishedCallback = Callable[[list[Request], float], None]
+BoundaryAction = Callable[[float], None]
 
 
 class SimServer:
     """Runs ``loop`` back to back while it has work; sleeps when it has none.
 
-    Arrivals call ``submit``; the server starts a step at once if idle. When a step
-    completes, its tokens are delivered at the completion time and the next step starts.
+    ``submit`` queues a request and starts a step at once if idle. When a step completes,
+    its tokens are delivered at the completion time, actions queued with
+    ``at_step_boundary`` run, ``on_finished(requests, now)`` hears of the requests that
+    finished, and the next step starts. ``on_step`` hears of every step started and
+    ``on_idle(now)`` of each time the loop runs out of work. A pool container adds its life
+    cycle on top (``pool.container``).
     """
 
     def __init__(
@@ -27,11 +34,21 @@ class SimServer:
         kernel: EventKernel,
         loop: StepLoop,
         on_finished: FinishedCallback | None = None,
+        on_idle: Callable[[float], None] | None = None,
+        on_step: Callable[[], None] | None = None,
     ) -> None:
         self.kernel = kernel
         self.loop = loop
-        self.busy = False
         self._on_finished = on_finished
+        self._on_idle = on_idle
+        self._on_step = on_step
+        self._step: InFlightStep | None = None
+        self._at_boundary: list[BoundaryAction] = []
+
+    @property
+    def busy(self) -> bool:
+        """A step is in flight."""
+        return self._step is not None
 
     def submit(self, request: Request, now_s: float) -> None:
         self.loop.add_request(request, now_s)
@@ -40,19 +57,36 @@ class SimServer:
     def wake(self, now_s: float) -> None:
         """Start a step if the server is idle and has work."""
         if not self.busy:
-            self._start_step(now_s)
+            self.start_step(now_s)
 
-    def _start_step(self, now_s: float) -> None:
+    def at_step_boundary(self, action: BoundaryAction, now_s: float) -> None:
+        """Run ``action(t)`` once no step is in flight: now if idle, else when the current
+        step's tokens have been delivered (before the next step starts)."""
+        if self.busy:
+            self._at_boundary.append(action)
+        else:
+            action(now_s)
+
+    def start_step(self, now_s: float) -> None:
+        """Start the next step (must not be busy); with nothing to run, the server idles."""
         step = self.loop.begin_step(now_s)
+        self._step = step
         if step is None:
-            self.busy = False
+            if not self.loop.has_work and self._on_idle is not None:
+                self._on_idle(now_s)
             return
-        self.busy = True
+        if self._on_step is not None:
+            self._on_step()
         done_at = now_s + step.result.latency_s
         self.kernel.schedule(done_at, PRIORITY_STEP_DONE, lambda t: self._complete(step, t))
 
     def _complete(self, step: InFlightStep, now_s: float) -> None:
-        for request in self.loop.complete_step(step, now_s):
-            if self._on_finished is not None:
-                self._on_finished(request, now_s)
-        self._start_step(now_s)
+        done = self.loop.complete_step(step, now_s)
+        self._step = None
+        actions, self._at_boundary = self._at_boundary, []
+        for action in actions:
+            action(now_s)
+        if done and self._on_finished is not None:
+            self._on_finished(done, now_s)
+        if not self.busy:
+            self.start_step(now_s)
