@@ -29,6 +29,7 @@ import numpy as np
 
 from tokenpace.core.queue import WaitingQueue
 from tokenpace.core.request import Request, RequestStatus
+from tokenpace.core.running import RunningColumns
 from tokenpace.core.step import StepState
 from tokenpace.engine.profile import load_profile
 from tokenpace.metrics.slo import Slo
@@ -60,6 +61,7 @@ def build_state(
     return StepState(
         now_s=20.0, step_index=50, last_step_latency_s=0.09, waiting=queue,
         running=tuple(active), num_free_blocks=5000, num_total_blocks=11100, block_size=16,
+        running_columns=RunningColumns.of(active),
     )  # fmt: skip
 
 
