@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+
 import numpy as np
 import numpy.typing as npt
 
 from tokenpace.core.request import Request
 
 IntArray = npt.NDArray[np.int64]
+
 
 @dataclass(frozen=True, slots=True)
 class RunningColumns:
@@ -99,8 +101,8 @@ class RunningBatch:
         keep = [i for i, rid in enumerate(self._ids) if rid not in request_ids]
         if len(keep) == len(self._ids):
             return
-        for column in (self._requests, self._ids, self._prompts, self._produced,
-                       self._computed, self._caps):  # fmt: skip
+        self._requests[:] = [self._requests[i] for i in keep]
+        for column in (self._ids, self._prompts, self._produced, self._computed, self._caps):
             column[:] = [column[i] for i in keep]
         self.positions = {rid: i for i, rid in enumerate(self._ids)}
 
@@ -116,7 +118,8 @@ class RunningBatch:
     def columns(self, running: Sequence[Request]) -> RunningColumns:
         """The columns of ``running`` (which must be the list this batch follows)."""
         if len(running) != len(self._requests) or (
-            running and (running[0] is not self._requests[0] or running[-1] is not self._requests[-1])
+            running
+            and (running[0] is not self._requests[0] or running[-1] is not self._requests[-1])
         ):
             self.reset(running)
         return RunningColumns(

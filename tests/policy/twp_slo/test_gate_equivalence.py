@@ -4,7 +4,6 @@ kept here and compared, for the policy and each ablation, on snapshots full of t
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -113,8 +112,10 @@ class ReferenceTwpSlo(TwpSloPolicy):
                 footprint = self._footprint(request, state)
                 idle = not state.running and not admitted
                 tokens = self._chunk(request)
-                if not tokens or need > free or not (
-                    reservation is None or idle or reservation.admits(footprint)
+                if (
+                    not tokens
+                    or need > free
+                    or not (reservation is None or idle or reservation.admits(footprint))
                 ):
                     break
                 free -= need

@@ -99,9 +99,7 @@ class TwpSloPolicy:
                 scheduled[r.request_id] = tokens
                 prefill_ms += budget.cost_ms(tokens, r.num_computed_tokens)
         remaining = self.expected.remaining_for(columns.prompts, columns.produced, columns.caps)
-        reservation = self._begin_reservation(
-            columns.prompts + columns.produced + remaining, state
-        )
+        reservation = self._begin_reservation(columns.prompts + columns.produced + remaining, state)
 
         admitted: list[Request] = []
         forced: list[int] = []
@@ -147,10 +145,7 @@ class TwpSloPolicy:
                     has_room = len(running) + len(admitted) < capacity
                     idle = not running and not admitted
                     need = state.blocks_for(request.num_tokens)
-                    if not (
-                        has_room
-                        and self._fits_kv(footprint, need, free, reservation, idle)
-                    ):
+                    if not (has_room and self._fits_kv(footprint, need, free, reservation, idle)):
                         break
                     tokens = self._chunk(request)
                     if tokens == 0:

@@ -63,7 +63,9 @@ class PrefillBudget:
         """Profile cost (ms, unscaled) of a chunk of ``num_tokens`` starting at ``context``."""
         p = self._latency.profile
         mean_context = context + (num_tokens + 1) / 2
-        return num_tokens * (p.prefill_ms_per_token + p.prefill_attention_ms_per_kctx * mean_context / 1000)
+        return num_tokens * (
+            p.prefill_ms_per_token + p.prefill_attention_ms_per_kctx * mean_context / 1000
+        )
 
     def affordable(self, uncomputed: int, context: int) -> int:
         """The largest chunk (<= ``uncomputed``) the budget left pays for, without spending."""
