@@ -255,8 +255,16 @@ class OutputLengthEstimator:
         return estimate
 
     def remaining_of(self, request: Request) -> float:
-        prompts, produced, caps = _columns([request])
-        return float(self.remaining(prompts, produced, caps)[0])
+        produced = len(request.token_times_s)
+        if self._pooled_curve is None:
+            return float(max(request.max_tokens - produced, 1))
+        return float(
+            self.remaining(
+                np.array([request.num_prompt_tokens], dtype=np.int64),
+                np.array([produced], dtype=np.int64),
+                np.array([request.max_tokens], dtype=np.int64),
+            )[0]
+        )
 
     def smallest_fresh(self, smallest_cap: int) -> float:
         """A lower bound of the expected output of any request not yet started whose cap is
@@ -324,8 +332,7 @@ def _array(values: Iterable[int]) -> IntArray:
 
 def _columns(requests: Sequence[Request]) -> tuple[IntArray, IntArray, IntArray]:
     """Prompt lengths, tokens produced and max_tokens of ``requests``."""
-    n = len(requests)
-    prompts = np.fromiter((r.num_prompt_tokens for r in requests), dtype=np.int64, count=n)
-    produced = np.fromiter((len(r.token_times_s) for r in requests), dtype=np.int64, count=n)
-    caps = np.fromiter((r.max_tokens for r in requests), dtype=np.int64, count=n)
+    prompts = np.array([r.num_prompt_tokens for r in requests], dtype=np.int64)
+    produced = np.array([len(r.token_times_s) for r in requests], dtype=np.int64)
+    caps = np.array([r.max_tokens for r in requests], dtype=np.int64)
     return prompts, produced, caps

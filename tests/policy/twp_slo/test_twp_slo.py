@@ -14,7 +14,7 @@ from tests.helpers import request, running, state
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.metrics.slo import Slo
 from tokenpace.policy.twp_slo.config import TwpSloConfig
-from tokenpace.policy.twp_slo.deadline import deadline_keys
+from tokenpace.policy.twp_slo.deadline import deadline_keys, deadline_order
 from tokenpace.policy.twp_slo.policy import TwpSloPolicy
 from tokenpace.policy.twp_slo.window import RequestWindow, profile_batch_target
 from tokenpace.sim.run import simulate
@@ -132,3 +132,31 @@ def test_every_request_completes_under_a_tight_itl_target(
         specs, TwpSloPolicy(cfg, paper_profile), paper_profile, np.random.default_rng(0)
     )
     assert all(r.num_output_tokens == r.max_tokens for r in outcome.requests)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.lists(st.tuples(st.floats(0, 5), st.integers(1, 3000)), min_size=1, max_size=60),
+    backlog=st.sampled_from([None, 0.0, 2000.0]),
+)
+def test_infeasible_requests_never_go_before_feasible_ones(
+    rows: list[tuple[float, int]], backlog: float | None
+) -> None:
+    waiting = state([request(i, prompt=p, arrival_s=a) for i, (a, p) in enumerate(rows)]).waiting
+    now_s, ttft_s, step_s, per_step = 5.0, 2.0, 0.095, 300.0
+    order = [
+        r.request_id
+        for r in deadline_order(
+            waiting, now_s, ttft_s, step_s, per_step, np.empty(0, dtype=np.intp), backlog
+        )
+    ]
+    assert sorted(order) == list(range(len(rows)))  # nobody dropped
+    slack = {
+        i: ttft_s - (now_s - a) - np.ceil(p / per_step) * step_s for i, (a, p) in enumerate(rows)
+    }
+    feasible = [i for i in order if slack[i] >= 0]
+    assert order[: len(feasible)] == feasible
+    # The infeasible follow in queue (arrival) order, the oldest first.
+    assert order[len(feasible) :] == sorted(order[len(feasible) :])
+    if backlog is None:  # least slack first among the feasible
+        assert [slack[i] for i in feasible] == sorted(slack[i] for i in feasible)
