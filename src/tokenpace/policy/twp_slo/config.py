@@ -32,7 +32,9 @@ class TwpSloConfig:
     # 600 steps is about 48 s at the 80 ms target: long enough that infeasible requests
     # yield to feasible ones under overload, still a hard bound on every wait.
     max_wait_steps: int = option(600, "Steps after which a waiting request is force-admitted.")
-    min_prefill_tokens: int = option(64, "Prefill budget floor per step (and fixed C when off).")
+    min_prefill_tokens: int = option(
+        64, "Chunk the window keeps headroom for (and fixed C per request when the budget is off)."
+    )
     max_prefill_tokens: int = option(2048, "Prefill budget ceiling per step (tokens).")
     use_itl_target: bool = option(True, "Slowdown against the ITL target instead of l_min.")
     use_deadline_ranking: bool = option(True, "Rank feasible-TTFT requests first (EDF).")

@@ -35,8 +35,11 @@ class TwpSloPolicy:
     feasibility (``deadline.py``); (4) force-admit requests that waited ``max_wait_steps``,
     then admit in rank order while the batch is below the window, the KV guard passes and
     prefill budget remains, closing at the first failure; (5) spend the step's prefill budget
-    (ITL headroom below the target over the per-token prefill cost, within [min, max]) on
-    prefilling requests in admission order; (6) one token per decoding request.
+    (``PrefillBudget``: the ITL target minus the decode batch's predicted latency, paid at the
+    profile's per-token and attention costs; ``max_prefill_tokens`` when nothing decodes) on
+    prefilling requests in admission order, so the step's predicted latency never exceeds
+    the target; (6) one token per decoding request. The running requests' counters come as
+    columns (``StepState.running_columns``), so none of this loops over the batch in Python.
 
     Cost with a long queue: when the window is full, the budget spent or the smallest
     request fails the KV guard, nobody can be admitted and the ranking is skipped; otherwise
