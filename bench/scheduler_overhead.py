@@ -12,10 +12,13 @@ Each policy plans each snapshot ``--repeats`` times, interleaved so that machine
 on all of them alike. Each call is timed twice: wall clock (``decision_us_*``, what a step
 waits) and the thread's CPU time (``cpu_us_*``, the decision's own work: on a machine shared
 with other busy processes the wall-clock tail mostly measures the time the process sat
-descheduled, and ``load_avg_1min`` says how busy the machine was). Prints one JSON object on
-its last line: per policy and snapshot the p50/p99 (us) of both and the number admitted; the
-top-level ``decision_us_p50``, ``decision_us_p99`` and ``ratio`` (= p50 / l_min, the share
-of a decode step the decision costs) are twp's on the ``full`` snapshot.
+descheduled, and ``load_avg_1min`` says how busy the machine was). The snapshot carries the
+running requests' counters as columns the step loop keeps across steps (``RunningBatch``);
+the loop's cost of handing them over is timed too (``loop_columns_cpu_us_*``). Prints one
+JSON object on its last line: per policy and snapshot the p50/p99 (us) of both and the
+number admitted; the top-level ``decision_us_p50``, ``decision_us_p99`` and ``ratio``
+(= p50 / l_min, the share of a decode step the decision costs) are twp's on the ``full``
+snapshot.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import numpy as np
 
 from tokenpace.core.queue import WaitingQueue
 from tokenpace.core.request import Request, RequestStatus
+from tokenpace.core.running import RunningBatch, RunningColumns
 from tokenpace.core.step import StepState
 from tokenpace.engine.profile import load_profile
 from tokenpace.metrics.slo import Slo
@@ -60,6 +64,7 @@ def build_state(
     return StepState(
         now_s=20.0, step_index=50, last_step_latency_s=0.09, waiting=queue,
         running=tuple(active), num_free_blocks=5000, num_total_blocks=11100, block_size=16,
+        running_columns=RunningColumns.of(active),
     )  # fmt: skip
 
 
@@ -106,6 +111,20 @@ def main() -> None:
               f"cpu p50 {cpu50:6.0f} us p99 {cpu99:6.0f} us | "
               f"admits {admitted[(name, label)]}")  # fmt: skip
     twp = results["twp"]["full"]
+    # The step loop's share of the running state: turning the columns it keeps across steps
+    # (RunningBatch) into the snapshot's arrays, which the decision timed above reads.
+    batch = RunningBatch()
+    full_running = states["full"].running
+    for request in full_running:
+        batch.append(request)
+    columns_cpu = []
+    for _ in range(args.repeats):
+        start_cpu = time.thread_time()
+        batch.columns(full_running)
+        columns_cpu.append(time.thread_time() - start_cpu)
+    columns_p50, columns_p99 = (float(np.percentile(columns_cpu, q)) * 1e6 for q in (50, 99))
+    print(f"step loop running columns ({args.running}) cpu p50 {columns_p50:6.0f} us "
+          f"p99 {columns_p99:6.0f} us")  # fmt: skip
     summary = {
         "waiting": args.waiting,
         "running": args.running,
@@ -116,6 +135,8 @@ def main() -> None:
         "load_avg_1min": os.getloadavg()[0],
         "num_cpus": os.cpu_count(),
         "policies": results,
+        "loop_columns_cpu_us_p50": round(columns_p50, 1),
+        "loop_columns_cpu_us_p99": round(columns_p99, 1),
     }
     print(json.dumps(summary))
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from tokenpace.core.queue import WaitingQueue
 from tokenpace.core.request import Request
+from tokenpace.core.running import RunningColumns
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,6 +17,8 @@ class StepState:
     ``waiting`` is in queue order (arrival order, preempted requests first) and must not be
     mutated by a policy; ``running`` is in admission order. KV counts are in blocks of
     ``block_size`` tokens. ``last_step_latency_s`` is None before the first step.
+    ``running_columns``: the running requests' counters as columns, in ``running`` order,
+    when the snapshot's owner read them (None: a policy reads them itself).
     """
 
     now_s: float
@@ -26,6 +29,7 @@ class StepState:
     num_free_blocks: int
     num_total_blocks: int
     block_size: int
+    running_columns: RunningColumns | None = None
 
     def blocks_for(self, num_tokens: int) -> int:
         """Blocks needed to hold ``num_tokens`` tokens."""

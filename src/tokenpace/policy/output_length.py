@@ -189,31 +189,39 @@ class OutputLengthEstimator:
         self._pooled_curve: SurvivalCurve | None = None
         self._dirty = False
         self._fitted_step: int | None = None
+        self._running_ids: list[int] = []
 
     @property
     def num_observed(self) -> int:
         return self.errors.count
 
-    def observe(self, running: Sequence[Request], step_index: int) -> None:
-        """Learn from tracked requests no longer in ``running`` that finished (aborted or
-        preempted ones teach nothing), start tracking new running ones, refit if due."""
-        # A request leaves running finished, aborted or preempted, and its status says so.
-        left = [
-            i for i, e in self._tracked.items() if e.request.status is not RequestStatus.RUNNING
-        ]
-        for request_id in left:
-            self._forget(request_id)
-        if len(self._tracked) != len(running):
-            # Admitted behind the policy's back, or moved away while running: reconcile.
-            present = {r.request_id for r in running}
+    def observe(
+        self,
+        running: Sequence[Request],
+        step_index: int,
+        running_ids: Sequence[int] | None = None,
+        produced: IntArray | None = None,
+    ) -> None:
+        """Learn from tracked requests no longer in ``running`` (those that finished; aborted
+        or preempted ones teach nothing), start tracking new running ones, refit if due.
+        ``running_ids`` and ``produced`` (ids and output tokens of ``running``, in order)
+        save reading them again when the caller has them."""
+        ids = list(running_ids) if running_ids is not None else [r.request_id for r in running]
+        if ids != self._running_ids:
+            # A request leaves running finished, aborted or preempted, and its status says
+            # which; one may also join behind the policy's back (reconciled here).
+            present = set(ids)
             for request_id in [i for i in self._tracked if i not in present]:
                 self._forget(request_id)
-            self.admitted(r for r in running if r.request_id not in self._tracked)
+            joined = present - self._tracked.keys()
+            if joined:
+                self.admitted(r for r in running if r.request_id in joined)
+            self._running_ids = ids
         if self._dirty or (
             self._fitted_step is not None
             and step_index - self._fitted_step >= self.config.refresh_steps
         ):
-            self._refit(running, step_index)
+            self._refit(running, step_index, produced)
 
     def admitted(self, requests: Iterable[Request]) -> None:
         """Track ``requests`` (just admitted) with their predicted total output."""
@@ -247,8 +255,16 @@ class OutputLengthEstimator:
         return estimate
 
     def remaining_of(self, request: Request) -> float:
-        prompts, produced, caps = _columns([request])
-        return float(self.remaining(prompts, produced, caps)[0])
+        produced = len(request.token_times_s)
+        if self._pooled_curve is None:
+            return float(max(request.max_tokens - produced, 1))
+        return float(
+            self.remaining(
+                np.array([request.num_prompt_tokens], dtype=np.int64),
+                np.array([produced], dtype=np.int64),
+                np.array([request.max_tokens], dtype=np.int64),
+            )[0]
+        )
 
     def smallest_fresh(self, smallest_cap: int) -> float:
         """A lower bound of the expected output of any request not yet started whose cap is
@@ -291,12 +307,16 @@ class OutputLengthEstimator:
         self.errors.add(predicted_total, length, self.config.error_ema)
         self._dirty = True
 
-    def _refit(self, running: Sequence[Request], step_index: int) -> None:
+    def _refit(
+        self, running: Sequence[Request], step_index: int, produced: IntArray | None
+    ) -> None:
         self._dirty = False
         self._fitted_step = step_index
         if not self._pooled:
             return
-        prompts, produced, _ = _columns(running)
+        prompts, own_produced, _ = _columns(running)
+        if produced is None:
+            produced = own_produced
         buckets = np.searchsorted(self._edges, prompts, side="right")
         tail = self.config.extrapolate_tail
         self._pooled_curve = SurvivalCurve.fit(_array(self._pooled), produced, tail)
@@ -312,8 +332,7 @@ def _array(values: Iterable[int]) -> IntArray:
 
 def _columns(requests: Sequence[Request]) -> tuple[IntArray, IntArray, IntArray]:
     """Prompt lengths, tokens produced and max_tokens of ``requests``."""
-    n = len(requests)
-    prompts = np.fromiter((r.num_prompt_tokens for r in requests), dtype=np.int64, count=n)
-    produced = np.fromiter((len(r.token_times_s) for r in requests), dtype=np.int64, count=n)
-    caps = np.fromiter((r.max_tokens for r in requests), dtype=np.int64, count=n)
+    prompts = np.array([r.num_prompt_tokens for r in requests], dtype=np.int64)
+    produced = np.array([len(r.token_times_s) for r in requests], dtype=np.int64)
+    caps = np.array([r.max_tokens for r in requests], dtype=np.int64)
     return prompts, produced, caps

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from tokenpace.core.queue import WaitingQueue
 from tokenpace.core.request import FinishReason, Request, RequestStatus
+from tokenpace.core.running import RunningBatch
 from tokenpace.core.step import ScheduledChunk, StepPlan, StepResult, StepState
 from tokenpace.engine.base import Engine
 from tokenpace.policy.base import Policy
@@ -64,6 +65,8 @@ class StepLoop:
     running: list[Request] = field(default_factory=list)
     finished: list[Request] = field(default_factory=list)
     steps: list[StepRecord] = field(default_factory=list)
+    # The running requests' counters as columns, kept current step by step for the policy.
+    batch: RunningBatch = field(default_factory=RunningBatch)
     step_index: int = 0
     last_step_latency_s: float | None = None
     # Tokens the engine computed (prefill, recompute and decode), summed over steps.
@@ -89,15 +92,19 @@ class StepLoop:
         self.waiting.append(request)
 
     def snapshot(self, now_s: float) -> StepState:
+        """The state the policy plans from, with the running requests' counters as columns
+        (kept across steps by ``batch``)."""
+        running = tuple(self.running)
         return StepState(
             now_s=now_s,
             step_index=self.step_index,
             last_step_latency_s=self.last_step_latency_s,
             waiting=self.waiting,
-            running=tuple(self.running),
+            running=running,
             num_free_blocks=self.engine.num_free_blocks,
             num_total_blocks=self.engine.num_total_blocks,
             block_size=self.engine.block_size,
+            running_columns=self.batch.columns(running),
         )
 
     def begin_step(self, now_s: float) -> InFlightStep | None:
@@ -115,6 +122,7 @@ class StepLoop:
                 request.admitted_s = now_s
                 request.admitted_step = self.step_index
             self.running.append(request)
+            self.batch.append(request)
         chunks, num_preempted = self._fit_in_kv(plan.num_scheduled_tokens)
         if not chunks:
             return None
@@ -128,12 +136,16 @@ class StepLoop:
         done: list[Request] = []
         stopped = result.stopped_ids
         sampled = result.sampled_token_ids
+        positions = self.batch.positions
         for chunk in step.chunks:
             request = chunk.request
             token = sampled.get(request.request_id)
             if token is not None:
                 request.output_token_ids.append(token)
                 request.token_times_s.append(now_s)
+            position = positions.get(request.request_id)
+            if position is not None:
+                self.batch.update(position, request)
             if len(request.token_times_s) >= request.max_tokens:
                 self._finish(request, now_s, FinishReason.LENGTH)
                 done.append(request)
@@ -143,6 +155,7 @@ class StepLoop:
         if done:
             finished_ids = {r.request_id for r in done}
             self.running = [r for r in self.running if r.request_id not in finished_ids]
+            self.batch.remove(finished_ids)
         if self.record_steps:
             self.steps.append(
                 StepRecord(
@@ -169,6 +182,7 @@ class StepLoop:
         for request in self.running:
             if request.request_id == request_id:
                 self.running.remove(request)
+                self.batch.remove({request_id})
                 self._finish(request, now_s, FinishReason.ABORT)
                 return request
         try:
@@ -207,6 +221,7 @@ class StepLoop:
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
+        self.batch.remove({request.request_id})
         self.engine.free(request.request_id)
         request.num_recomputed_tokens += request.num_computed_tokens
         request.num_computed_tokens = 0

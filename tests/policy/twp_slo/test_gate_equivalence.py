@@ -4,7 +4,6 @@ kept here and compared, for the policy and each ablation, on snapshots full of t
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -86,10 +85,18 @@ class ReferenceTwpSlo(TwpSloPolicy):
         self.expected.observe(state.running, state.step_index)
         capacity = self.window.capacity()
         prefilling = [r for r in state.running if r.num_output_tokens == 0 or r.is_prefilling]
-        budget = self.prefill_budget(len(state.running) - len(prefilling))
+        num_decoding = len(state.running) - len(prefilling)
+        budget = self.prefill_budget(num_decoding)
+        if cfg.use_prefill_budget:
+            self.budget.open(num_decoding, self.window.reference_ms, self._calibration)
         self._budget = float(budget)
         scheduled = {r.request_id: 1 for r in state.running if r not in prefilling}
-        budget_left = self._spend(prefilling, budget, scheduled)
+        chunks: list[tuple[int, int]] = []
+        for r in prefilling:
+            tokens = self._chunk(r)
+            if tokens:
+                scheduled[r.request_id] = tokens
+                chunks.append((tokens, r.num_computed_tokens))
         sizes = np.array([r.num_tokens for r in state.running], dtype=np.float64)
         final = sizes + self.expected.running_remaining(state.running)
         reservation = self._begin_reservation(final, state)
@@ -104,8 +111,11 @@ class ReferenceTwpSlo(TwpSloPolicy):
                 need = state.blocks_for(request.num_tokens)
                 footprint = self._footprint(request, state)
                 idle = not state.running and not admitted
-                if need > free or not (
-                    reservation is None or idle or reservation.admits(footprint)
+                tokens = self._chunk(request)
+                if (
+                    not tokens
+                    or need > free
+                    or not (reservation is None or idle or reservation.admits(footprint))
                 ):
                     break
                 free -= need
@@ -113,11 +123,8 @@ class ReferenceTwpSlo(TwpSloPolicy):
                 forced.append(request.request_id)
                 if reservation is not None:
                     reservation.add(footprint)
-                scheduled[request.request_id] = min(
-                    request.num_tokens,
-                    max(1, budget_left) if cfg.use_prefill_budget else cfg.min_prefill_tokens,
-                )
-                budget_left = max(0, budget_left - scheduled[request.request_id])
+                scheduled[request.request_id] = tokens
+                chunks.append((tokens, request.num_computed_tokens))
             skip = set(forced_positions.tolist())
             keys = self._reference_keys(state, budget, skip)
             order = [int(i) for i in np.argsort(-keys, kind="stable") if i not in skip]
@@ -125,24 +132,22 @@ class ReferenceTwpSlo(TwpSloPolicy):
                 footprint = self._footprint(request, state)
                 need = state.blocks_for(request.num_tokens)
                 has_room = len(state.running) + len(admitted) < capacity
-                has_budget = budget_left > 0 or not cfg.use_prefill_budget
                 idle = not state.running and not admitted
                 fits = self._fits_kv(footprint, need, free, reservation, idle)
-                if not (has_room and has_budget and fits):
+                if not (has_room and fits):
+                    break
+                tokens = self._chunk(request)
+                if not tokens:
                     break
                 free -= need
                 admitted.append(request)
                 if reservation is not None:
                     reservation.add(footprint)
-                tokens = min(
-                    request.num_tokens,
-                    budget_left if cfg.use_prefill_budget else cfg.min_prefill_tokens,
-                )
                 scheduled[request.request_id] = tokens
-                budget_left -= tokens
+                chunks.append((tokens, request.num_computed_tokens))
         self.expected.admitted(admitted)
         self._num_forced = len(forced)
-        self._predicted_ms = self._reference_predict_ms(state, scheduled)
+        self._predicted_ms = self._reference_predict_ms(num_decoding, chunks)
         return StepPlan(
             admit_ids=tuple(r.request_id for r in admitted),
             num_scheduled_tokens=scheduled,
@@ -168,13 +173,11 @@ class ReferenceTwpSlo(TwpSloPolicy):
             state.waiting, state.now_s, state.step_index, mean, cfg.base, expected
         )
 
-    def _reference_predict_ms(self, state: StepState, scheduled: Mapping[int, int]) -> float:
-        cfg = self.config
-        num_decode = sum(1 for r in state.running if scheduled.get(r.request_id) == 1)
-        num_prefill = sum(scheduled.values()) - num_decode
-        ms = self._latency.decode_ms(num_decode) + num_prefill * cfg.prefill_ms_per_token
-        if num_prefill and num_decode:
-            ms += cfg.mixed_prefill_overhead_ms
+    def _reference_predict_ms(self, num_decoding: int, chunks: list[tuple[int, int]]) -> float:
+        prefill_ms = sum(self.budget.cost_ms(t, c) for t, c in chunks)
+        ms = self._latency.decode_ms(num_decoding) + prefill_ms
+        if prefill_ms and num_decoding:
+            ms += self.config.mixed_prefill_overhead_ms
         return ms
 
 

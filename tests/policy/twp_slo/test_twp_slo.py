@@ -14,7 +14,7 @@ from tests.helpers import request, running, state
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.metrics.slo import Slo
 from tokenpace.policy.twp_slo.config import TwpSloConfig
-from tokenpace.policy.twp_slo.deadline import deadline_keys
+from tokenpace.policy.twp_slo.deadline import deadline_keys, deadline_order
 from tokenpace.policy.twp_slo.policy import TwpSloPolicy
 from tokenpace.policy.twp_slo.window import RequestWindow, profile_batch_target
 from tokenpace.sim.run import simulate
@@ -22,7 +22,10 @@ from tokenpace.workload.spec import RequestSpec
 
 
 def config(profile: EngineProfile, **overrides: object) -> TwpSloConfig:
-    return TwpSloConfig.from_profile(profile, Slo(2000, 100), **overrides)
+    """ITL target 80 ms (0.8 x the TPOT objective), the figure worked by hand below."""
+    return TwpSloConfig.from_profile(
+        profile, Slo(2000, 100), **{"itl_target_fraction": 0.8, **overrides}
+    )
 
 
 def test_profile_batch_target(paper_profile: EngineProfile) -> None:
@@ -55,7 +58,9 @@ def test_prefill_budget_uses_headroom_and_responds_to_itl(paper_profile: EngineP
     decoding = [running(100 + i, 10, 500, 1) for i in range(20)]
     # decode(20) = 55 ms; headroom 80 - 55 - 3 = 22 ms -> 146 tokens
     assert policy.prefill_budget(20) == 146
-    assert policy.prefill_budget(40) == 64  # 75 ms decode: floor C
+    assert policy.prefill_budget(40) == 13  # 75 ms decode: 2 ms of headroom
+    assert policy.prefill_budget(50) == 0  # 85 ms decode: none
+    assert policy.prefill_budget(0) == 2048  # nobody's ITL at stake: the ceiling
     policy.plan(state([], decoding))  # predicts 55 ms for this step
     # Measured 68.75 ms = 1.25 x predicted: calibration 1 + 0.2 * 0.25 = 1.05
     # headroom 80 - 57.75 - 3.15 = 19.1 ms over 0.1575 ms/token -> 121 tokens
@@ -95,11 +100,63 @@ def test_deadline_ranking_puts_feasible_first_least_slack_first(
 def test_every_request_admitted_within_max_wait(
     paper_profile: EngineProfile, rows: list[tuple[float, int, int]], max_wait: int
 ) -> None:
+    # A forced admission still waits for prefill budget, so the bound holds where the ITL
+    # headroom never runs out: a TPOT objective of 10 s.
     specs = [RequestSpec(a, p, o) for a, p, o in sorted(rows)]
-    cfg = replace(config(paper_profile), max_wait_steps=max_wait)
+    cfg = replace(
+        TwpSloConfig.from_profile(paper_profile, Slo(2000, 10_000)), max_wait_steps=max_wait
+    )
     outcome = simulate(
         specs, TwpSloPolicy(cfg, paper_profile), paper_profile, np.random.default_rng(0)
     )
     for r in outcome.requests:
         assert r.num_output_tokens == r.max_tokens
         assert r.admitted_step is not None and r.admitted_step - r.enqueued_step <= max_wait + 1
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    rows=st.lists(
+        st.tuples(st.floats(0, 3), st.integers(1, 800), st.integers(1, 200)),
+        min_size=1,
+        max_size=80,
+    ),
+    max_wait=st.integers(1, 20),
+)
+def test_every_request_completes_under_a_tight_itl_target(
+    paper_profile: EngineProfile, rows: list[tuple[float, int, int]], max_wait: int
+) -> None:
+    specs = [RequestSpec(a, p, o) for a, p, o in sorted(rows)]
+    cfg = replace(config(paper_profile), max_wait_steps=max_wait)
+    outcome = simulate(
+        specs, TwpSloPolicy(cfg, paper_profile), paper_profile, np.random.default_rng(0)
+    )
+    assert all(r.num_output_tokens == r.max_tokens for r in outcome.requests)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.lists(st.tuples(st.floats(0, 5), st.integers(1, 3000)), min_size=1, max_size=60),
+    backlog=st.sampled_from([None, 0.0, 2000.0]),
+)
+def test_infeasible_requests_never_go_before_feasible_ones(
+    rows: list[tuple[float, int]], backlog: float | None
+) -> None:
+    waiting = state([request(i, prompt=p, arrival_s=a) for i, (a, p) in enumerate(rows)]).waiting
+    now_s, ttft_s, step_s, per_step = 5.0, 2.0, 0.095, 300.0
+    order = [
+        r.request_id
+        for r in deadline_order(
+            waiting, now_s, ttft_s, step_s, per_step, np.empty(0, dtype=np.intp), backlog
+        )
+    ]
+    assert sorted(order) == list(range(len(rows)))  # nobody dropped
+    slack = {
+        i: ttft_s - (now_s - a) - np.ceil(p / per_step) * step_s for i, (a, p) in enumerate(rows)
+    }
+    feasible = [i for i in order if slack[i] >= 0]
+    assert order[: len(feasible)] == feasible
+    # The infeasible follow in queue (arrival) order, the oldest first.
+    assert order[len(feasible) :] == sorted(order[len(feasible) :])
+    if backlog is None:  # least slack first among the feasible
+        assert [slack[i] for i in feasible] == sorted(slack[i] for i in feasible)

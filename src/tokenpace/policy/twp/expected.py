@@ -30,8 +30,14 @@ class ExpectedOutput:
         self.enabled = enabled
         self.estimator = OutputLengthEstimator(config)
 
-    def observe(self, running: Sequence[Request], step_index: int) -> None:
-        self.estimator.observe(running, step_index)
+    def observe(
+        self,
+        running: Sequence[Request],
+        step_index: int,
+        running_ids: Sequence[int] | None = None,
+        produced: npt.NDArray[np.int64] | None = None,
+    ) -> None:
+        self.estimator.observe(running, step_index, running_ids, produced)
 
     def admitted(self, requests: Iterable[Request]) -> None:
         self.estimator.admitted(requests)

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 import numpy as np
 import numpy.typing as npt
 
+from tokenpace.core.running import RunningColumns
 from tokenpace.core.step import StepPlan, StepState
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.metrics.slo import Slo
@@ -65,31 +66,24 @@ class TwpPolicy:
         num_used = state.num_total_blocks - state.num_free_blocks
         self.kv_guard.update(num_used, state.num_total_blocks)
         window = self.window.update(state.last_step_latency_s, len(state.waiting))
-        self.expected.observe(state.running, state.step_index)
+        running = state.running
+        columns = state.running_columns
+        if columns is None:
+            columns = RunningColumns.of(running)
+        self.expected.observe(running, state.step_index, columns.request_ids, columns.produced)
 
         # The token load K_t (expected remaining outputs) and the running requests' tokens
-        # this step (schedule_tokens inlined: this runs for every running request every step).
-        running = state.running
-        scheduled: dict[int, int] = {}
+        # this step: one for each decoding request, up to C for each one still prefilling.
         chunk = cfg.chunk_tokens
-        prompts: list[int] = []
-        outputs: list[int] = []
-        caps: list[int] = []
-        for r in running:
-            num_output = len(r.token_times_s)
-            prompt = r.num_prompt_tokens
-            prompts.append(prompt)
-            outputs.append(num_output)
-            caps.append(r.max_tokens)
-            uncomputed = prompt + num_output - r.num_computed_tokens
-            scheduled[r.request_id] = uncomputed if uncomputed <= 1 else min(uncomputed, chunk)
-        prompt_col, output_col = (
-            np.array(prompts, dtype=np.int64),
-            np.array(outputs, dtype=np.int64),
-        )
-        remaining = self.expected.remaining_for(
-            prompt_col, output_col, np.array(caps, dtype=np.int64)
-        )
+        prefilling_at = columns.prefilling_positions()
+        scheduled: dict[int, int] = dict.fromkeys(columns.decoding_ids(prefilling_at), 1)
+        if len(prefilling_at):
+            uncomputed = columns.uncomputed[prefilling_at].tolist()
+            ids = columns.request_ids
+            for position, left in zip(prefilling_at.tolist(), uncomputed, strict=True):
+                scheduled[ids[position]] = left if left <= 1 else min(left, chunk)
+        prompt_col, output_col = columns.prompts, columns.produced
+        remaining = self.expected.remaining_for(prompt_col, output_col, columns.caps)
         token_load = float(remaining.sum())
         reservation = self._begin_reservation(prompt_col + output_col + remaining, state)
         outcome = GateOutcome(token_load=token_load, num_free_blocks=state.num_free_blocks)

@@ -11,6 +11,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tokenpace.core.request import Request
+from tokenpace.core.running import RunningColumns
 from tokenpace.core.step import StepPlan, StepState
 from tokenpace.engine.latency_model import LatencyModel
 from tokenpace.engine.profile import EngineProfile
@@ -22,6 +23,7 @@ from tokenpace.policy.twp.kv_reservation import KvReservation
 from tokenpace.policy.twp.ranking import ranked, starving_positions
 from tokenpace.policy.twp_slo.config import TwpSloConfig
 from tokenpace.policy.twp_slo.deadline import deadline_order
+from tokenpace.policy.twp_slo.prefill_budget import PrefillBudget
 from tokenpace.policy.twp_slo.window import RequestWindow
 
 
@@ -33,8 +35,11 @@ class TwpSloPolicy:
     feasibility (``deadline.py``); (4) force-admit requests that waited ``max_wait_steps``,
     then admit in rank order while the batch is below the window, the KV guard passes and
     prefill budget remains, closing at the first failure; (5) spend the step's prefill budget
-    (ITL headroom below the target over the per-token prefill cost, within [min, max]) on
-    prefilling requests in admission order; (6) one token per decoding request.
+    (``PrefillBudget``: the ITL target minus the decode batch's predicted latency, paid at the
+    profile's per-token and attention costs; ``max_prefill_tokens`` when nothing decodes) on
+    prefilling requests in admission order, so the step's predicted latency never exceeds
+    the target; (6) one token per decoding request. The running requests' counters come as
+    columns (``StepState.running_columns``), so none of this loops over the batch in Python.
 
     Cost with a long queue: when the window is full, the budget spent or the smallest
     request fails the KV guard, nobody can be admitted and the ranking is skipped; otherwise
@@ -50,6 +55,7 @@ class TwpSloPolicy:
         self.expected = ExpectedOutput(config.base.output_lengths, config.use_output_estimate)
         self.reservation = KvReservation(config.base.kv_margin_sigmas)
         self._latency = LatencyModel(profile)
+        self.budget = PrefillBudget(self._latency, config.max_prefill_tokens)
         self._budget = float(config.min_prefill_tokens)
         # EMA of measured / predicted step latency (1 = the profile is exact).
         self._calibration = 1.0
@@ -57,50 +63,46 @@ class TwpSloPolicy:
         self._num_forced = 0
 
     def prefill_budget(self, num_decoding: int) -> int:
-        """Tokens of prefill this step may carry without pushing ITL over the target."""
+        """Tokens of prefill (at the flat per-token rate) a step with ``num_decoding``
+        decoding requests may carry without its predicted latency exceeding the ITL target
+        (``PrefillBudget``); the fixed chunk C when the budget is switched off."""
         cfg = self.config
         if not cfg.use_prefill_budget:
             return cfg.min_prefill_tokens
-        # Costs scaled by the measured/predicted latency ratio, so the budget shrinks when the
-        # engine runs slower than its profile says and grows when it runs faster.
-        scale = self._calibration
-        decode_ms = scale * self._latency.decode_ms(num_decoding)
-        headroom = self.window.reference_ms - decode_ms - scale * cfg.mixed_prefill_overhead_ms
-        per_token = scale * cfg.prefill_ms_per_token
-        tokens = headroom / per_token if per_token > 0 else float(cfg.max_prefill_tokens)
-        return int(min(cfg.max_prefill_tokens, max(cfg.min_prefill_tokens, tokens)))
+        probe = PrefillBudget(self._latency, cfg.max_prefill_tokens)
+        return probe.open(num_decoding, self.window.reference_ms, self._calibration)
 
     def plan(self, state: StepState) -> StepPlan:
         cfg = self.config
         self.kv_guard.update(state.num_total_blocks - state.num_free_blocks, state.num_total_blocks)
         self.window.update(state.last_step_latency_s)
         self._calibrate(state.last_step_latency_s)
-        self.expected.observe(state.running, state.step_index)
+        running = state.running
+        columns = state.running_columns
+        if columns is None:
+            columns = RunningColumns.of(running)
+        self.expected.observe(running, state.step_index, columns.request_ids, columns.produced)
         capacity = self.window.capacity()
 
-        # One pass: decoding requests compute one token; the rest (inlined is_prefilling,
-        # as this runs for every running request every step) share the prefill budget.
-        scheduled: dict[int, int] = {}
-        prefilling: list[Request] = []
-        running = state.running
-        prompts = [r.num_prompt_tokens for r in running]
-        outputs = [len(r.token_times_s) for r in running]
-        for r, prompt, num_output in zip(running, prompts, outputs, strict=True):
-            if num_output == 0 or prompt + num_output - r.num_computed_tokens > 1:
-                prefilling.append(r)
-            else:
-                scheduled[r.request_id] = 1
+        # Decoding requests compute one token; the prefilling ones share the budget.
+        prefilling_at = columns.prefilling_positions()
+        scheduled: dict[int, int] = dict.fromkeys(columns.decoding_ids(prefilling_at), 1)
         num_decoding = len(scheduled)
-        budget = self.prefill_budget(num_decoding)
-        self._budget = float(budget)
-        budget_left = self._spend(prefilling, budget, scheduled)
-        prompt_col, output_col = (
-            np.array(prompts, dtype=np.int64),
-            np.array(outputs, dtype=np.int64),
-        )
-        caps = np.array([r.max_tokens for r in running], dtype=np.int64)
-        remaining = self.expected.remaining_for(prompt_col, output_col, caps)
-        reservation = self._begin_reservation(prompt_col + output_col + remaining, state)
+        budget = self.budget
+        if cfg.use_prefill_budget:
+            self._budget = float(
+                budget.open(num_decoding, self.window.reference_ms, self._calibration)
+            )
+        else:
+            self._budget = float(cfg.min_prefill_tokens)
+        prefill_ms = 0.0
+        for r in (running[i] for i in prefilling_at.tolist()):
+            tokens = self._chunk(r)
+            if tokens:
+                scheduled[r.request_id] = tokens
+                prefill_ms += budget.cost_ms(tokens, r.num_computed_tokens)
+        remaining = self.expected.remaining_for(columns.prompts, columns.produced, columns.caps)
+        reservation = self._begin_reservation(columns.prompts + columns.produced + remaining, state)
 
         admitted: list[Request] = []
         forced: list[int] = []
@@ -111,9 +113,12 @@ class TwpSloPolicy:
             for request in waiting.request_at(forced_positions):
                 need = state.blocks_for(request.num_tokens)
                 footprint = self._footprint(request, state)
-                idle = not state.running and not admitted
-                if need > free or not (
-                    reservation is None or idle or reservation.admits(footprint)
+                idle = not running and not admitted
+                tokens = self._chunk(request)
+                if (
+                    tokens == 0
+                    or need > free
+                    or not (reservation is None or idle or reservation.admits(footprint))
                 ):
                     break
                 free -= need
@@ -121,55 +126,61 @@ class TwpSloPolicy:
                 forced.append(request.request_id)
                 if reservation is not None:
                     reservation.add(footprint)
-                scheduled[request.request_id] = min(
-                    request.num_tokens,
-                    max(1, budget_left) if cfg.use_prefill_budget else cfg.min_prefill_tokens,
-                )
-                budget_left = max(0, budget_left - scheduled[request.request_id])
-            # The gate's room and budget tests do not depend on the candidate, and its KV
-            # test is monotone in the footprint: when the first candidate fails whoever it
-            # is, nothing is admitted and the ranking is skipped.
+                scheduled[request.request_id] = tokens
+                prefill_ms += budget.cost_ms(tokens, request.num_computed_tokens)
+            # The gate's room and budget tests do not depend on the candidate (a fresh
+            # request's first chunk starts at context 0), and its KV test is monotone in the
+            # footprint: when the first candidate fails whoever it is, nothing is admitted
+            # and the ranking is skipped.
             may_admit = (
                 len(forced_positions) < len(waiting)
-                and len(state.running) + len(admitted) < capacity
-                and (budget_left > 0 or not cfg.use_prefill_budget)
+                and len(running) + len(admitted) < capacity
+                and self._has_budget()
                 and self._fits_kv(
                     math.ceil(self.expected.queue_minima(waiting).final_tokens / state.block_size),
-                    0, free, reservation, not state.running and not admitted,
+                    0, free, reservation, not running and not admitted,
                 )
             )  # fmt: skip
             if may_admit:
-                candidates = self._candidates(state, budget, forced_positions)
+                candidates = self._candidates(state, int(self._budget), forced_positions)
                 for request in candidates:
                     footprint = self._footprint(request, state)
-                    has_room = len(state.running) + len(admitted) < capacity
-                    has_budget = budget_left > 0 or not cfg.use_prefill_budget
-                    idle = not state.running and not admitted
+                    has_room = len(running) + len(admitted) < capacity
+                    idle = not running and not admitted
                     need = state.blocks_for(request.num_tokens)
-                    if not (
-                        has_room
-                        and has_budget
-                        and self._fits_kv(footprint, need, free, reservation, idle)
-                    ):
+                    if not (has_room and self._fits_kv(footprint, need, free, reservation, idle)):
+                        break
+                    tokens = self._chunk(request)
+                    if tokens == 0:
                         break
                     free -= need
                     admitted.append(request)
                     if reservation is not None:
                         reservation.add(footprint)
-                    tokens = min(
-                        request.num_tokens,
-                        budget_left if cfg.use_prefill_budget else cfg.min_prefill_tokens,
-                    )
                     scheduled[request.request_id] = tokens
-                    budget_left -= tokens
+                    prefill_ms += budget.cost_ms(tokens, request.num_computed_tokens)
         self.expected.admitted(admitted)
         self._num_forced = len(forced)
-        self._predicted_ms = self._predict_ms(num_decoding, prefilling, scheduled)
+        self._predicted_ms = self._latency.decode_ms(num_decoding) + prefill_ms
+        if prefill_ms and num_decoding:
+            self._predicted_ms += cfg.mixed_prefill_overhead_ms
         return StepPlan(
             admit_ids=tuple(r.request_id for r in admitted),
             num_scheduled_tokens=scheduled,
             forced_ids=frozenset(forced),
         )
+
+    def _chunk(self, request: Request) -> int:
+        """Tokens ``request`` computes this step: what the budget left pays for, or the fixed
+        chunk C when the budget is switched off (0: it sits this step out)."""
+        uncomputed = request.num_uncomputed_tokens
+        if not self.config.use_prefill_budget:
+            return min(uncomputed, self.config.min_prefill_tokens)
+        return self.budget.grant(uncomputed, request.num_computed_tokens)
+
+    def _has_budget(self) -> bool:
+        """Whether the budget left pays for a fresh request's first token."""
+        return not self.config.use_prefill_budget or self.budget.affordable(1, 0) > 0
 
     def _begin_reservation(
         self, final_tokens: npt.NDArray[np.float64], state: StepState
@@ -209,36 +220,6 @@ class TwpSloPolicy:
             return
         ratio = step_latency_s * 1000 / self._predicted_ms
         self._calibration += self.config.base.ema_factor * (ratio - self._calibration)
-
-    def _predict_ms(
-        self, num_decoding: int, prefilling: list[Request], scheduled: Mapping[int, int]
-    ) -> float:
-        """Profile latency of the planned step (decode batch plus prefill tokens); a running
-        request counts as decode when it computes one token, as every decoding one does."""
-        cfg = self.config
-        num_decode = num_decoding + sum(1 for r in prefilling if scheduled.get(r.request_id) == 1)
-        num_prefill = sum(scheduled.values()) - num_decode
-        ms = self._latency.decode_ms(num_decode) + num_prefill * cfg.prefill_ms_per_token
-        if num_prefill and num_decode:
-            ms += cfg.mixed_prefill_overhead_ms
-        return ms
-
-    def _spend(self, prefilling: list[Request], budget: int, scheduled: dict[int, int]) -> int:
-        """Give running prefills their tokens in admission order; returns the budget left.
-        With the budget off each gets a fixed chunk, as in TWP."""
-        cfg = self.config
-        if not cfg.use_prefill_budget:
-            for r in prefilling:
-                scheduled[r.request_id] = min(r.num_uncomputed_tokens, cfg.min_prefill_tokens)
-            return budget
-        left = budget
-        for r in prefilling:
-            if left <= 0:
-                break
-            tokens = min(r.num_uncomputed_tokens, left)
-            scheduled[r.request_id] = tokens
-            left -= tokens
-        return left
 
     def _candidates(
         self, state: StepState, budget: int, excluded: npt.NDArray[np.intp]

@@ -1,0 +1,97 @@
+"""A step's prefill budget, in milliseconds of step time, from the ITL headroom.
+
+Every decoding request sees the step's latency as its ITL, so the prefill a step may carry is
+what the ITL target leaves once the decode batch is paid for: headroom = l_target - l(B) -
+mixing cost, with l(B) the profile's decode latency (Eq. 2) of the B decoding requests. The
+budget is spent on prefill chunks one request at a time, each chunk costing its tokens at the
+profile's per-token rate plus the attention term over its context, so the step's predicted
+latency never exceeds the target; a chunk is cut to what the remaining budget pays for. With
+no request decoding nobody's ITL is at stake, and the step may carry ``max_tokens`` of
+prefill (at least one chunk, so prefill-only work never starves). All costs are scaled by the
+measured/predicted latency ratio, so the budget shrinks when the engine runs slower than its
+profile.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tokenpace.engine.latency_model import LatencyModel
+
+
+class PrefillBudget:
+    """Hands out prefill tokens against one step's headroom.
+
+    ``open(num_decoding, target_ms, scale)`` starts a step; ``grant(uncomputed, context)``
+    returns how many of a request's ``uncomputed`` tokens, the first of which sits at
+    ``context`` tokens of context, this step pays for (0 once the budget is spent);
+    ``tokens`` is the flat-rate token equivalent of the budget when the step opened.
+    """
+
+    def __init__(self, latency: LatencyModel, max_tokens: int) -> None:
+        self._latency = latency
+        self._max_tokens = max_tokens
+        self.left_ms = 0.0
+        self.tokens_left = 0
+        self.tokens = 0
+        self._scale = 1.0
+
+    def headroom_ms(self, num_decoding: int, target_ms: float, scale: float = 1.0) -> float:
+        """Milliseconds of profile-rate prefill a step with ``num_decoding`` decoding requests
+        may carry without its predicted latency exceeding ``target_ms`` (may be negative)."""
+        p = self._latency.profile
+        if num_decoding == 0:
+            return math.inf
+        decode_ms = scale * self._latency.decode_ms(num_decoding)
+        return (target_ms - decode_ms - scale * p.mixed_prefill_overhead_ms) / scale
+
+    def open(self, num_decoding: int, target_ms: float, scale: float = 1.0) -> int:
+        """Start a step; returns the budget's flat-rate token equivalent (``tokens``)."""
+        self._scale = scale
+        self.left_ms = max(0.0, self.headroom_ms(num_decoding, target_ms, scale))
+        per_token = self._latency.profile.prefill_ms_per_token
+        flat = self.left_ms / per_token if per_token > 0 else math.inf
+        self.tokens_left = int(min(self._max_tokens, flat))
+        self.tokens = self.tokens_left
+        return self.tokens
+
+    @property
+    def spent(self) -> bool:
+        return self.tokens_left <= 0
+
+    def cost_ms(self, num_tokens: int, context: int) -> float:
+        """Profile cost (ms, unscaled) of a chunk of ``num_tokens`` starting at ``context``."""
+        p = self._latency.profile
+        mean_context = context + (num_tokens + 1) / 2
+        return num_tokens * (
+            p.prefill_ms_per_token + p.prefill_attention_ms_per_kctx * mean_context / 1000
+        )
+
+    def affordable(self, uncomputed: int, context: int) -> int:
+        """The largest chunk (<= ``uncomputed``) the budget left pays for, without spending."""
+        if uncomputed <= 0 or self.tokens_left <= 0:
+            return 0
+        p = self._latency.profile
+        # cost(t) = a t^2 + b t with a = attn / 2000, b = per_token + attn (context + 1/2) / 1000.
+        a = p.prefill_attention_ms_per_kctx / 2000
+        b = p.prefill_ms_per_token + p.prefill_attention_ms_per_kctx * (context + 0.5) / 1000
+        budget = self.left_ms
+        if math.isinf(budget):
+            tokens = uncomputed
+        elif a > 0:
+            tokens = int((-b + math.sqrt(b * b + 4 * a * budget)) / (2 * a))
+        else:
+            tokens = int(budget / b) if b > 0 else uncomputed
+        tokens = min(tokens, uncomputed, self.tokens_left)
+        # Rounding of the square root: step back until the chunk fits.
+        while tokens > 0 and self.cost_ms(tokens, context) > budget:
+            tokens -= 1
+        return tokens
+
+    def grant(self, uncomputed: int, context: int) -> int:
+        """Spend the budget on up to ``uncomputed`` tokens of a request; returns the chunk."""
+        tokens = self.affordable(uncomputed, context)
+        if tokens > 0:
+            self.left_ms -= self.cost_ms(tokens, context)
+            self.tokens_left -= tokens
+        return tokens

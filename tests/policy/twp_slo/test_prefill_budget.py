@@ -1,0 +1,83 @@
+"""The prefill budget: a step never carries more prefill than the ITL headroom pays for, and
+prefill-only steps always make progress."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.helpers import request, running, state
+from tokenpace.core.request import Request, RequestStatus
+from tokenpace.engine.latency_model import LatencyModel, PrefillChunk
+from tokenpace.engine.profile import EngineProfile, load_profile
+from tokenpace.metrics.slo import Slo
+from tokenpace.policy.twp_slo.config import TwpSloConfig
+from tokenpace.policy.twp_slo.policy import TwpSloPolicy
+from tokenpace.policy.twp_slo.prefill_budget import PrefillBudget
+
+PROFILE = load_profile("v100-llama-3.2-3b")
+
+
+def prefilling(request_id: int, prompt: int, computed: int) -> Request:
+    r = Request(request_id, prompt, 200, 0.0)
+    r.status = RequestStatus.RUNNING
+    r.num_computed_tokens = computed
+    return r
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    num_decoding=st.integers(0, 60),
+    partial=st.lists(st.tuples(st.integers(2, 6000), st.floats(0, 0.99)), max_size=4),
+    prompts=st.lists(st.integers(1, 6000), max_size=12),
+    tpot_ms=st.sampled_from([60.0, 100.0, 150.0]),
+)
+def test_a_step_never_carries_more_prefill_than_the_headroom(
+    num_decoding: int, partial: list[tuple[int, float]], prompts: list[int], tpot_ms: float
+) -> None:
+    cfg = TwpSloConfig.from_profile(PROFILE, Slo(2000.0, tpot_ms))
+    policy = TwpSloPolicy(cfg, PROFILE)
+    decoding = [running(1000 + i, 100, 500, 1) for i in range(num_decoding)]
+    started = [prefilling(2000 + i, p, int(p * f)) for i, (p, f) in enumerate(partial)]
+    waiting = [request(i, prompt=p, max_tokens=50) for i, p in enumerate(prompts)]
+    plan = policy.plan(state(waiting, decoding + started, now_s=0.1))
+    by_id = {r.request_id: r for r in (*decoding, *started, *waiting)}
+    chunks = [
+        PrefillChunk(n, by_id[i].num_computed_tokens)
+        for i, n in plan.num_scheduled_tokens.items()
+        if i not in {r.request_id for r in decoding}
+    ]
+    latency = LatencyModel(PROFILE)
+    prefill_ms = sum(latency.prefill_ms(c) for c in chunks)
+    assert all(c.num_tokens >= 1 for c in chunks)
+    if num_decoding:
+        headroom = cfg.itl_target_ms - latency.decode_ms(num_decoding) - 3.0
+        assert prefill_ms <= max(0.0, headroom) + 1e-9
+        step_ms = latency.step_s(num_decoding, chunks) * 1000
+        assert step_ms <= max(cfg.itl_target_ms, latency.decode_ms(num_decoding)) + 1e-9
+    else:
+        # Nobody decodes: the step carries at least a chunk of whatever prefill there is.
+        work = sum(r.num_uncomputed_tokens for r in (*started, *waiting))
+        assert sum(c.num_tokens for c in chunks) >= min(cfg.min_prefill_tokens, work)
+
+
+def test_prefill_only_steps_carry_at_least_a_chunk(paper_profile: EngineProfile) -> None:
+    policy = TwpSloPolicy(TwpSloConfig.from_profile(paper_profile, Slo(2000, 100)), paper_profile)
+    plan = policy.plan(state([request(0, prompt=4000), request(1, prompt=3000)], now_s=0.1))
+    assert plan.admit_ids[:1] == (0,)
+    assert sum(plan.num_scheduled_tokens.values()) == 2048
+
+
+def test_the_budget_pays_for_attention_over_the_context() -> None:
+    latency = LatencyModel(PROFILE)
+    budget = PrefillBudget(latency, 2048)
+    budget.open(20, 80.0)  # 22 ms of headroom
+    fresh = budget.affordable(10_000, 0)
+    deep = budget.affordable(10_000, 5000)
+    assert deep < fresh
+    for tokens, context in ((fresh, 0), (deep, 5000)):
+        assert latency.prefill_ms(PrefillChunk(tokens, context)) <= 22.0
+        assert latency.prefill_ms(PrefillChunk(tokens + 1, context)) > 22.0
+    assert math.isclose(budget.headroom_ms(20, 80.0), 22.0)
