@@ -26,7 +26,7 @@ Log = Callable[[str], None]
 
 
 def profile_engine_config(
-    cache_dir: Path, model: str = "smollm2", dtype: str = "bfloat16"
+    cache_dir: Path, model: str = "smollm2", dtype: str = "auto"
 ) -> VllmEngineConfig:
     """An engine sized for the default sweep (contexts up to 1,024 tokens at batch 16, batches
     up to 48). ``model`` is a local Hugging Face directory, or ``"smollm2"``: the embedded
