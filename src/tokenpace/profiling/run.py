@@ -62,7 +62,7 @@ def run_profile(
     """Profile ``engine_name`` (``"native"`` or ``"vllm"``) and write the profile JSON to
     ``out_path`` (loadable by ``load_profile``) and the fit figure to ``plot_path``
     (default: ``out_path`` with suffix ``.png``). ``engine_config`` is a
-    ``NativeEngineConfig`` (default: the embedded SmolLM2 in float32, 2 threads) or a
+    ``NativeEngineConfig`` (default: the embedded SmolLM2, dtype auto, 2 threads) or a
     ``VllmEngineConfig`` (default: ``vllm_sweep.profile_engine_config(cache_dir)``); ``engine`` an
     already loaded ``NativeEngine`` to profile instead of loading one (native only; its own
     config applies), ``sweep`` a ``SweepConfig`` or a ``VllmSweepConfig`` to match.
@@ -134,9 +134,10 @@ def run_profile(
     prefill_fit = fit_prefill(prefill, eq2.l_min_ms, mixed)
 
     tiers = [CheckpointTier("gpu", 0.0)]
+    dtype = str(loaded.dtype).removeprefix("torch.")  # what ``auto`` resolved to
     notes = {
         "source": f"Measured by run_profile on {loaded.device} with {config.num_threads} "
-        f"threads, {config.dtype}, model {config.model}.",
+        f"threads, {dtype}, model {config.model}.",
         **point_notes(eq2, decode, context, prefill, mixed),
         "memory_read_gb_s": f"{bandwidth:.1f}",
         "roofline_ms": f"{loaded.weight_bytes / bandwidth / 1e6:.2f} (weight bytes / bandwidth)",
@@ -169,7 +170,7 @@ def run_profile(
         )
 
     profile = EngineProfile(
-        name=f"native-{Path(config.model).name}-{config.dtype}-{loaded.device.type}",
+        name=f"native-{Path(config.model).name}-{dtype}-{loaded.device.type}",
         **fitted_terms(eq2, prefill_fit, decode_attention),
         noise_cv=float(np.median([p.cv for p in decode])),
         block_size=config.block_size,
