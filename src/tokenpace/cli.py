@@ -439,7 +439,7 @@ def profile(
         Path | None,
         typer.Option(
             help="Profile JSON to write (PNG of the fit beside it); "
-            "default build/profiles/<engine>.json."
+            "default <cache dir>/profiles/<engine>.json."
         ),
     ] = None,
     dtype: Annotated[

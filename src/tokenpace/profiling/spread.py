@@ -66,7 +66,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--runs", type=int, default=3, help="sweep repetitions")
     parser.add_argument("--model", default="smollm2", help="'smollm2', a directory or random:NAME")
-    parser.add_argument("--dtype", default="bfloat16", help="float32, bfloat16 or float16")
+    parser.add_argument(
+        "--dtype", default="auto", help="auto (as every command), float32, bfloat16 or float16"
+    )
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument(
         "--cache-dir", type=Path, default=None, help="converted checkpoint cache directory"

@@ -51,7 +51,7 @@ class NativeProbe:
         config, loaded = self._engine.config, self._engine.loaded
         return (
             f"the native engine on {loaded.device} with {config.num_threads} threads, "
-            f"{config.dtype}, model {config.model}"
+            f"{str(loaded.dtype).removeprefix('torch.')}, model {config.model}"
         )
 
     def facts(self, measure_checkpoints: bool) -> EngineFacts:
@@ -91,7 +91,8 @@ class NativeProbe:
                 "cache warm; both tiers measure the same path here); remote: dequantising the "
                 "GGUF. Bandwidth = checkpoint_bytes / load seconds (engine_init_s = 0)."
             )
-        name = f"native-{Path(config.model).name}-{config.dtype}-{loaded.device.type}"
+        dtype = str(loaded.dtype).removeprefix("torch.")  # what ``auto`` resolved to
+        name = f"native-{Path(config.model).name}-{dtype}-{loaded.device.type}"
         return EngineFacts(name, checkpoint_bytes, tuple(tiers), notes)
 
     def check(self, config: SweepConfig) -> None:

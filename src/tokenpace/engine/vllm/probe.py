@@ -35,7 +35,7 @@ VLLM_SWEEP = SweepConfig(
 
 
 def profile_engine_config(
-    model: str = "smollm2", dtype: str = "bfloat16", cache_dir: Path | None = None
+    model: str = "smollm2", dtype: str = "auto", cache_dir: Path | None = None
 ) -> VllmEngineConfig:
     """An engine sized for ``VLLM_SWEEP`` (contexts up to 1,024 tokens at batch 16, batches
     up to 48). ``model`` is a local Hugging Face directory, or ``"smollm2"``: the embedded
