@@ -141,7 +141,7 @@ def start_server(port: int, extra: list[str], timeout_s: float) -> subprocess.Po
         "2",
         "--warm-containers",
         "2",
-        "--log-level",
+        "--uvicorn-log-level",
         "warning",
         *extra,
     ]

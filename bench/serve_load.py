@@ -77,7 +77,7 @@ def start_server(scheduler: str, port: int, args: argparse.Namespace) -> subproc
         "--warm-containers",
         str(args.containers),
         *shlex.split(args.server_args),
-        "--log-level",
+        "--uvicorn-log-level",
         "warning",
     ]
     process = subprocess.Popen(command, env=env)
