@@ -216,6 +216,62 @@ def test_a_new_registry_entry_appears_without_editing_the_config(
     assert "Choices: a, b." in help_text
 
 
+def test_flag_names_aliases_and_required_fields() -> None:
+    from dataclasses import dataclass, field
+
+    from tokenpace.cli.command import build_parser, parse_config
+    from tokenpace.cli.spec import UsageError, flag_specs
+    from tokenpace.core.config import option
+
+    @dataclass(frozen=True, slots=True)
+    class Settings:
+        name: str = field(metadata={"help": "A name."})
+        log_level: str = option("info", "Level.", flag="--uvicorn-log-level", aliases=("--ll",))
+        sizes: tuple[int, ...] = option((1, 2), "Sizes.")
+
+    with pytest.raises(UsageError, match=r"^--name is required$"):
+        parse_config(Settings, [], prog="p")
+    parsed = parse_config(Settings, ["--name", "x", "--ll", "debug", "--sizes", "3,4"], prog="p")
+    assert parsed.config == Settings("x", "debug", (3, 4))
+    help_text = build_parser(flag_specs(Settings), "p", None).format_help()
+    assert "--uvicorn-log-level" in help_text and "--ll" not in help_text
+    assert "(required)" in help_text and "(default: 1,2)" in help_text
+    with pytest.raises(UsageError, match=r"^--sizes '3x' is not an integer$"):
+        parse_config(Settings, ["--name", "x", "--sizes", "3x"], prog="p")
+
+
+BENCH_SCRIPTS = Path(__file__).resolve().parents[1] / "bench"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("script", "choice"),
+    [
+        ("engine_throughput.py", "Choices: float32, bfloat16, float16."),
+        ("reliability.py", "--server-args TEXT"),
+        ("scheduler_overhead.py", "--num-iters N"),
+        ("serve_load.py", "Choices: native, vllm."),
+        ("sim_speed.py", "Choices: dynamic_batch, fcfs,"),
+    ],
+)
+def test_bench_scripts_share_the_mechanism(script: str, choice: str, tmp_path: Path) -> None:
+    path = BENCH_SCRIPTS / script
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    shown = subprocess.run(
+        [sys.executable, str(path), "--help"], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "--config FILE" in shown.stdout and choice in " ".join(shown.stdout.split())
+    (tmp_path / "bad.yaml").write_text("nope: 1\n")
+    bad = subprocess.run(
+        [sys.executable, str(path), "--config", str(tmp_path / "bad.yaml")],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert bad.returncode == 2
+    assert bad.stderr.startswith(f"bench/{script}: error: --config ")
+    assert "unknown key 'nope'" in bad.stderr
+
+
 @pytest.mark.parametrize(
     ("command", "args", "named"),
     [

@@ -30,7 +30,8 @@ class UsageError(Exception):
 class FlagSpec:
     """One config field as a flag: its dataclass field name, flag, hidden aliases, value
     type (``scalar``: one of ``SCALARS`` or ``bool``; ``many``: a tuple of them), whether
-    None is allowed, the default, the help text and the valid values (None: any)."""
+    None is allowed, the default, the help text, the valid values (None: any), and
+    whether the field has no default (then the flag or config key is required)."""
 
     name: str
     flag: str
@@ -42,6 +43,7 @@ class FlagSpec:
     help: str
     choices: tuple[str, ...] | None
     metavar: str | None
+    required: bool = False
 
     @property
     def key(self) -> str:
@@ -144,7 +146,7 @@ def flag_specs(config_cls: type) -> list[FlagSpec]:
                 scalar=scalar, many=many, optional=optional,
                 default=None if default is MISSING else default,
                 help=str(f.metadata.get("help", "")), choices=choices_of(f),
-                metavar=f.metadata.get("metavar"),
+                metavar=f.metadata.get("metavar"), required=default is MISSING,
             )
         )  # fmt: skip
     return specs
@@ -156,7 +158,9 @@ def help_line(spec: FlagSpec) -> str:
     parts = [spec.help]
     if spec.choices is not None:
         parts.append(f"Choices: {', '.join(spec.choices)}.")
-    if spec.scalar is bool:
+    if spec.required:
+        parts.append("(required)")
+    elif spec.scalar is bool:
         if spec.default:
             parts.append("(default: on)")
     elif spec.default is not None and "default" not in spec.help.lower():
@@ -175,7 +179,11 @@ def translate_error(config_cls: type, specs: Sequence[FlagSpec], error: Exceptio
 
 
 def build(config_cls: type[Any], values: dict[str, Any], specs: Sequence[FlagSpec]) -> Any:
-    """``config_cls(**values)``; its ``ValueError`` becomes a ``UsageError`` naming flags."""
+    """``config_cls(**values)``; a missing required flag or the config's ``ValueError``
+    becomes a ``UsageError`` naming flags."""
+    for spec in specs:
+        if spec.required and spec.name not in values:
+            raise UsageError(f"{spec.flag} is required")
     try:
         return config_cls(**values)
     except ValueError as error:
