@@ -33,7 +33,7 @@ from tokenpace.core.config import option, require_positive
 from tokenpace.core.queue import WaitingQueue
 from tokenpace.core.request import Request, RequestStatus
 from tokenpace.core.step import StepState
-from tokenpace.engine.profile import load_profile
+from tokenpace.engine.profile import load_profile, shipped_profiles
 from tokenpace.metrics.slo import Slo
 from tokenpace.policy.base import Policy, build_policy
 
@@ -73,7 +73,9 @@ class Settings:
     waiting: int = option(10_000, "Waiting requests in both snapshots.")
     running: int = option(256, "Running requests in the full snapshot.")
     num_iters: int = option(1000, "Times each policy plans each snapshot.")
-    profile: str = option("v100-llama-3.2-3b", "Shipped profile name or profile JSON.")
+    profile: str = option(
+        "v100-llama-3.2-3b", "Shipped profile name or profile JSON.", known=shipped_profiles
+    )
 
     def __post_init__(self) -> None:
         require_positive(self, "waiting", "running", "num_iters")

@@ -174,6 +174,7 @@ def test_help_lists_every_choice_from_the_registries(
 def test_choice_lists_come_from_the_registries(capsys: pytest.CaptureFixture[str]) -> None:
     from tokenpace.bench.presets import PRESETS
     from tokenpace.engine.dtype import DTYPE_CHOICES
+    from tokenpace.engine.profile import shipped_profiles
     from tokenpace.policy import POLICIES
     from tokenpace.pool.router import ROUTERS
     from tokenpace.server.options import ENGINES
@@ -182,7 +183,7 @@ def test_choice_lists_come_from_the_registries(capsys: pytest.CaptureFixture[str
     helps = {c: " ".join(run_main(capsys, c, "--help")[1].split()) for c in command_names()}
     expected = {
         "bench": [*PRESETS.names(), *POLICIES.names(), *ROUTERS.names(), *TRACE_FORMATS.names(),
-                  "sim", "native", "vllm"],
+                  "sim", "native", "vllm", *shipped_profiles()],
         "serve": [*POLICIES.names(), *ROUTERS.names(), *ENGINES, *DTYPE_CHOICES, "warning"],
         "profile": ["native", "vllm", *DTYPE_CHOICES],
     }  # fmt: skip

@@ -8,6 +8,7 @@ from pathlib import Path
 from tokenpace.bench.presets import PRESETS
 from tokenpace.bench.runners import RUNNERS
 from tokenpace.core.config import option, require_positive
+from tokenpace.engine.profile import shipped_profiles
 from tokenpace.pool.router import ROUTERS
 from tokenpace.pool.simulate import scheduler_names
 from tokenpace.workload.traces import TRACE_FORMATS
@@ -46,6 +47,7 @@ class BenchOptions:
         "Shipped profile name or profile JSON (default: v100-llama-3.2-3b; with --engine "
         "native the engine's fitted profile, profiled once and cached).",
         metavar="NAME|FILE",
+        known=shipped_profiles,
     )
     engine: str = option(
         "sim",

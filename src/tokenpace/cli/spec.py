@@ -30,8 +30,9 @@ class UsageError(Exception):
 class FlagSpec:
     """One config field as a flag: its dataclass field name, flag, hidden aliases, value
     type (``scalar``: one of ``SCALARS`` or ``bool``; ``many``: a tuple of them), whether
-    None is allowed, the default, the help text, the valid values (None: any), and
-    whether the field has no default (then the flag or config key is required)."""
+    None is allowed, the default, the help text, the valid values (None: any), whether
+    the field has no default (then the flag or config key is required), and named values
+    listed in the help without being enforced."""
 
     name: str
     flag: str
@@ -44,6 +45,7 @@ class FlagSpec:
     choices: tuple[str, ...] | None
     metavar: str | None
     required: bool = False
+    known: tuple[str, ...] | None = None
 
     @property
     def key(self) -> str:
@@ -147,6 +149,7 @@ def flag_specs(config_cls: type) -> list[FlagSpec]:
                 default=None if default is MISSING else default,
                 help=str(f.metadata.get("help", "")), choices=choices_of(f),
                 metavar=f.metadata.get("metavar"), required=default is MISSING,
+                known=choices_of(f, "known"),
             )
         )  # fmt: skip
     return specs
@@ -158,6 +161,8 @@ def help_line(spec: FlagSpec) -> str:
     parts = [spec.help]
     if spec.choices is not None:
         parts.append(f"Choices: {', '.join(spec.choices)}.")
+    if spec.known is not None:
+        parts.append(f"Named values: {', '.join(spec.known)}.")
     if spec.required:
         parts.append("(required)")
     elif spec.scalar is bool:

@@ -21,6 +21,7 @@ def option(
     choices: Choices | None = None,
     aliases: tuple[str, ...] = (),
     metavar: str | None = None,
+    known: Choices | None = None,
 ) -> Any:
     """A dataclass field with a default and a help text (shown by ``describe`` and ``--help``).
 
@@ -28,7 +29,9 @@ def option(
     vLLM's name where vLLM has the same setting). ``choices``: the valid values, a tuple or a
     callable read when the command line is parsed (e.g. ``POLICIES.names``), so that new
     registry entries appear in ``--help`` and errors without editing the config.
-    ``aliases``: older flag names still accepted, hidden from ``--help``."""
+    ``aliases``: older flag names still accepted, hidden from ``--help``. ``known``: named
+    values listed in ``--help`` beside others the field accepts (e.g. shipped profiles
+    beside any profile file), read like ``choices`` but not enforced."""
     metadata: dict[str, Any] = {"help": help, "aliases": aliases}
     if flag is not None:
         metadata["flag"] = flag
@@ -36,6 +39,8 @@ def option(
         metadata["choices"] = choices
     if metavar is not None:
         metadata["metavar"] = metavar
+    if known is not None:
+        metadata["known"] = known
     return field(default=default, metadata=metadata)
 
 
@@ -44,9 +49,10 @@ def flag_of(config_field: Field[Any]) -> str:
     return str(config_field.metadata.get("flag", "--" + config_field.name.replace("_", "-")))
 
 
-def choices_of(config_field: Field[Any]) -> tuple[str, ...] | None:
-    """The valid values of a config field, read now; None when any value is allowed."""
-    choices = config_field.metadata.get("choices")
+def choices_of(config_field: Field[Any], key: str = "choices") -> tuple[str, ...] | None:
+    """The valid values of a config field (``key="known"``: its named values), read now;
+    None when the field has none."""
+    choices = config_field.metadata.get(key)
     if choices is None:
         return None
     return tuple(choices() if callable(choices) else choices)
