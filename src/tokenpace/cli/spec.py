@@ -68,12 +68,11 @@ class FlagSpec:
                 raise UsageError(f"{self.flag} cannot be null")
             return None
         if self.many:
-            items = value if isinstance(value, list) else None
             if isinstance(value, str):
                 return self.from_text(value)
-            if items is None:
+            if not isinstance(value, list):
                 raise UsageError(f"{self.flag} {value!r} is not a list")
-            return tuple(self._check(self._scalar_from_file(item)) for item in items)
+            return tuple(self._check(self._scalar_from_file(item)) for item in value)
         return self._check(self._scalar_from_file(value))
 
     def to_file(self, value: Any) -> Any:
@@ -84,7 +83,9 @@ class FlagSpec:
             return [self.to_file_scalar(item) for item in value]
         return self.to_file_scalar(value)
 
-    def to_file_scalar(self, value: Any) -> Any:
+    @staticmethod
+    def to_file_scalar(value: Any) -> Any:
+        """One value as plain YAML data (a path as its string)."""
         return str(value) if isinstance(value, Path) else value
 
     def _scalar_from_text(self, text: str) -> Any:
