@@ -27,6 +27,7 @@ def usage() -> str:
         "commands:",
     ]
     lines += [f"  {name:<9} {COMMANDS.get(name).summary}" for name in COMMANDS.names()]
+    lines += ["", "Every command also takes --config FILE (YAML settings) and --dump-config."]
     return "\n".join(lines)
 
 
