@@ -18,12 +18,15 @@ that output length), and the before/after ratios, measured in this run.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
+import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
+from tokenpace.cli.command import run_command
+from tokenpace.core.config import option, require_positive
 from tokenpace.engine.native.config import NativeEngineConfig
 from tokenpace.engine.native.loading import ensure_checkpoint
 from tokenpace.server.detokenize import IncrementalText
@@ -103,12 +106,24 @@ def run(make: Any, ids: list[int], tail: int) -> tuple[float, float, str]:
     return time.perf_counter() - start, tail_s, "".join(deltas)
 
 
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """The flags of ``bench/detok.py``."""
+
+    tokens: int = option(2000, "Output tokens per request.")
+    repeats: int = option(5, "Runs per decoder (best kept).")
+
+    def __post_init__(self) -> None:
+        require_positive(self, "tokens", "repeats")
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, default=2000, help="Output tokens per request.")
-    parser.add_argument("--repeats", type=int, default=5, help="Runs per decoder (best kept).")
-    args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    run_command(Settings, measure, sys.argv[1:], prog="bench/detok.py", description=__doc__)
+
+
+def measure(args: Settings) -> None:
+    """Time every decoder over ``args.tokens`` tokens; print the JSON line."""
     directory, _ = ensure_checkpoint(NativeEngineConfig())
     tokenizer = load_tokenizer(directory)
     ids: list[int] = tokenizer.encode(TEXT * (args.tokens // 20 + 1), add_special_tokens=False)

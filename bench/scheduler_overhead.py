@@ -8,7 +8,7 @@ Two snapshots, both with 10,000 waiting requests:
 - ``open``: 4 running requests near their end, so the gate is open and the policy must find
   the best-ranked candidates among the 10,000 and admit some of them.
 
-Each policy plans each snapshot ``--repeats`` times, interleaved so that machine noise falls
+Each policy plans each snapshot ``--num-iters`` times, interleaved so that machine noise falls
 on all of them alike. Each call is timed twice: wall clock (``decision_us_*``, what a step
 waits) and the thread's CPU time (``cpu_us_*``, the decision's own work: on a machine shared
 with other busy processes the wall-clock tail mostly measures the time the process sat
@@ -23,18 +23,21 @@ snapshot.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
+import sys
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
+from tokenpace.cli.command import run_command
+from tokenpace.core.config import option, require_positive
 from tokenpace.core.queue import WaitingQueue
 from tokenpace.core.request import Request, RequestStatus
 from tokenpace.core.running import RunningBatch, RunningColumns
 from tokenpace.core.step import StepState
-from tokenpace.engine.profile import load_profile
+from tokenpace.engine.profile import load_profile, shipped_profiles
 from tokenpace.metrics.slo import Slo
 from tokenpace.policy.base import Policy, build_policy
 
@@ -68,13 +71,28 @@ def build_state(
     )  # fmt: skip
 
 
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """The flags of this benchmark."""
+
+    waiting: int = option(10_000, "Waiting requests in both snapshots.")
+    running: int = option(256, "Running requests in the full snapshot.")
+    num_iters: int = option(1000, "Times each policy plans each snapshot.")
+    profile: str = option(
+        "v100-llama-3.2-3b", "Shipped profile name or profile JSON.", known=shipped_profiles
+    )
+
+    def __post_init__(self) -> None:
+        require_positive(self, "waiting", "running", "num_iters")
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--waiting", type=int, default=10_000)
-    parser.add_argument("--running", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=1000)
-    parser.add_argument("--profile", default="v100-llama-3.2-3b")
-    args = parser.parse_args()
+    run_command(
+        Settings, run, sys.argv[1:], prog="bench/scheduler_overhead.py", description=__doc__
+    )
+
+
+def run(args: Settings) -> None:
     profile = load_profile(args.profile)
     rng = np.random.default_rng(0)
     states = {
@@ -89,7 +107,7 @@ def main() -> None:
     wall: dict[tuple[str, str], list[float]] = {key: [] for key in cases}
     cpu: dict[tuple[str, str], list[float]] = {key: [] for key in cases}
     admitted: dict[tuple[str, str], int] = {}
-    for _ in range(args.repeats):
+    for _ in range(args.num_iters):
         for key, (policy, snapshot) in cases.items():
             start, start_cpu = time.perf_counter(), time.thread_time()
             plan = policy.plan(snapshot)

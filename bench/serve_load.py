@@ -16,7 +16,6 @@ line.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -27,12 +26,17 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
+
+from tokenpace.cli.command import run_command
+from tokenpace.core.config import option, require_positive
+from tokenpace.policy import POLICIES
+from tokenpace.server.options import ENGINES
 
 MODEL = "smollm2-135m-instruct"
 PROMPTS = (
@@ -42,6 +46,40 @@ PROMPTS = (
     "Describe a walk through a busy market in the morning.",
     "What makes a good cup of tea? Answer in detail.",
 )
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """The flags of this benchmark."""
+
+    schedulers: tuple[str, ...] = option(
+        ("twp", "fcfs"), "Schedulers to compare, one server each.", choices=POLICIES.names
+    )
+    duration: float = option(60.0, "Open-loop seconds.")
+    load_factor: float = option(2.0, "Arrival rate as a multiple of the measured capacity.")
+    request_rate: float | None = option(
+        None, "Fixed arrival rate (req/s) instead of --load-factor x capacity."
+    )
+    capacity_seconds: float = option(20.0, "Seconds of the closed loop measuring capacity.")
+    concurrency: int = option(8, "Closed-loop clients measuring capacity (and soaking).")
+    min_tokens: int = option(8, "Shortest output (tokens).")
+    max_tokens: int = option(64, "Longest output (tokens).")
+    max_queued_requests: int = option(16, "The server's admission queue bound.")
+    soak: int = option(0, "Soak requests sent to the last server after the runs.")
+    seed: int = option(0, "Seed of the arrival sequence.")
+    engine: str = option("native", "Engine of the servers.", choices=ENGINES)
+    containers: int = option(1, "Pool size (all warm).")
+    server_args: str = option("", "More `tokenpace serve` flags, e.g. '--slo-tpot-ms 250'.")
+
+    def __post_init__(self) -> None:
+        require_positive(
+            self, "duration", "load_factor", "capacity_seconds", "concurrency", "min_tokens",
+            "containers",
+        )  # fmt: skip
+        if self.request_rate is not None and not self.request_rate > 0:
+            raise ValueError(f"Settings.request_rate must be > 0, got {self.request_rate}")
+        if self.max_tokens < self.min_tokens:
+            raise ValueError(f"Settings.max_tokens must be >= --min-tokens, got {self.max_tokens}")
 
 
 @dataclass
@@ -58,7 +96,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(scheduler: str, port: int, args: argparse.Namespace) -> subprocess.Popen[bytes]:
+def start_server(scheduler: str, port: int, args: Settings) -> subprocess.Popen[bytes]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_WAIT_POLICY": "PASSIVE"}
     command = [
         sys.executable,
@@ -77,7 +115,7 @@ def start_server(scheduler: str, port: int, args: argparse.Namespace) -> subproc
         "--warm-containers",
         str(args.containers),
         *shlex.split(args.server_args),
-        "--log-level",
+        "--uvicorn-log-level",
         "warning",
     ]
     process = subprocess.Popen(command, env=env)
@@ -238,27 +276,13 @@ async def soak(url: str, num_requests: int, concurrency: int) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--schedulers", default="twp,fcfs")
-    parser.add_argument("--duration", type=float, default=60.0, help="Open-loop seconds.")
-    parser.add_argument("--load-factor", type=float, default=2.0)
-    parser.add_argument("--rate", type=float, default=None, help="Fixed arrival rate (req/s).")
-    parser.add_argument("--capacity-seconds", type=float, default=20.0)
-    parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--min-tokens", type=int, default=8)
-    parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--max-queued-requests", type=int, default=16)
-    parser.add_argument("--soak", type=int, default=0, help="Soak requests after the runs.")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--engine", default="native", help="native or vllm.")
-    parser.add_argument("--containers", type=int, default=1, help="Pool size (all warm).")
-    parser.add_argument(
-        "--server-args", default="", help="More `tokenpace serve` flags, e.g. '--slo-tpot-ms 250'."
-    )
-    args = parser.parse_args()
-    schedulers = [s for s in args.schedulers.split(",") if s]
-    result: dict[str, Any] = {"config": vars(args), "runs": {}}
-    rate = args.rate
+    run_command(Settings, run, sys.argv[1:], prog="bench/serve_load.py", description=__doc__)
+
+
+def run(args: Settings) -> None:
+    schedulers = list(args.schedulers)
+    result: dict[str, Any] = {"config": asdict(args), "runs": {}}
+    rate = args.request_rate
     for index, scheduler in enumerate(schedulers):
         port = free_port()
         url = f"http://127.0.0.1:{port}"

@@ -4,13 +4,13 @@ the full Azure conversation trace time-scaled to the pool's capacity.
 Prints one line per part, then (last line) one JSON object with the figures:
 wall seconds, simulated requests, simulated requests per wall second.
 
-    python bench/sim_speed.py [--seeds 3] [--jobs 2] [--azure PATH] [--no-azure]
+    python bench/sim_speed.py [--seeds 3] [--workers 2] [--azure PATH] [--no-replay-azure]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -18,10 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
+from tokenpace.cli.command import run_command
+from tokenpace.core.config import option, require_positive
 from tokenpace.engine.profile import load_profile
 from tokenpace.pool.capacity import pool_capacity_rps_for_specs
 from tokenpace.pool.config import PoolConfig
-from tokenpace.pool.simulate import simulate_pool
+from tokenpace.pool.simulate import scheduler_names, simulate_pool
 from tokenpace.workload.scenarios import PAPER_SCENARIO_NAMES, scenario_workloads
 from tokenpace.workload.traces import load_trace, time_scale_for_rate
 
@@ -106,17 +108,28 @@ def azure_replay(path: Path, scheduler: str) -> dict[str, float]:
     }
 
 
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """The flags of this benchmark."""
+
+    seeds: int = option(3, "Seeds of the pool evaluation.")
+    workers: int = option(2, "Worker processes.")
+    azure: Path = option(AZURE, "Azure conversation trace.")
+    azure_scheduler: str = option("twp", "Scheduler of the replay.", choices=scheduler_names)
+    replay_azure: bool = option(True, "Replay the Azure trace (when the file exists).")
+
+    def __post_init__(self) -> None:
+        require_positive(self, "seeds", "workers")
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=3, help="Seeds of the pool evaluation.")
-    parser.add_argument("--jobs", type=int, default=2, help="Worker processes.")
-    parser.add_argument("--azure", type=Path, default=AZURE, help="Azure conversation trace.")
-    parser.add_argument("--azure-scheduler", default="twp", help="Scheduler for the replay.")
-    parser.add_argument("--no-azure", action="store_true", help="Skip the trace replay.")
-    args = parser.parse_args()
-    figures: dict[str, object] = {"pool_evaluation": pool_evaluation(args.seeds, args.jobs)}
+    run_command(Settings, run, sys.argv[1:], prog="bench/sim_speed.py", description=__doc__)
+
+
+def run(args: Settings) -> None:
+    figures: dict[str, object] = {"pool_evaluation": pool_evaluation(args.seeds, args.workers)}
     print("pool evaluation:", figures["pool_evaluation"])
-    if not args.no_azure and args.azure.is_file():
+    if args.replay_azure and args.azure.is_file():
         figures["azure_replay"] = azure_replay(args.azure, args.azure_scheduler)
         print("azure replay:", figures["azure_replay"])
     print(json.dumps(figures, sort_keys=True))

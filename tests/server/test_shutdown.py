@@ -51,7 +51,7 @@ def alive(pid: int) -> bool:
 def test_sigterm_finishes_short_work_aborts_long_work_and_stops_engines() -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    process = start(port, "--shutdown-timeout-s", "3", "--log-level", "warning")
+    process = start(port, "--shutdown-timeout-s", "3", "--uvicorn-log-level", "warning")
     try:
         engine_pid = httpx.get(f"{url}/health").json()["containers"][0]["pid"]
         results: dict[str, object] = {}

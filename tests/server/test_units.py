@@ -79,22 +79,44 @@ def test_validation_errors_name_the_top_level_field(
 @pytest.mark.parametrize(
     ("argv", "named"),
     [
-        (["--engine", "tgi"], "--engine 'tgi'"),
-        (["--containers", "2", "--warm-containers", "3"], "--warm-containers"),
-        (["--keep-alive", "0"], "keep_alive_s"),
+        (["--engine", "tgi"], "--engine 'tgi' is not a valid choice; valid choices: native, vllm"),
+        (["--containers", "2", "--warm-containers", "3"], "--warm-containers must be in"),
+        (["--keep-alive", "0"], "--keep-alive must be > 0, got 0.0"),
         (["--ray-address", "auto", "--ray-cpus-per-engine", "0"], "--ray-cpus-per-engine"),
-        (["--ray-gpus-per-engine", "1"], "need --ray-address"),
+        (["--ray-gpus-per-engine", "1"], "--ray-cpus-per-engine and --ray-gpus-per-engine need"),
+        (["--router", "random"], "--router 'random' is not a valid choice; valid choices: "),
+        (["--log-level", "debug"], "unrecognized arguments: --log-level"),
     ],
 )
 def test_bad_serve_flags_exit_2_naming_the_flag(
     argv: list[str], named: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from tokenpace.server.cli_args import parse_options
+    from tokenpace.cli import main
 
     with pytest.raises(SystemExit) as exit_info:
-        parse_options(argv)
+        main(["serve", *argv])
     assert exit_info.value.code == 2
-    assert named in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith(f"tokenpace serve: error: {named}")
+    assert err.count("\n") == 1
+
+
+def test_serve_flags_follow_vllm_names_and_read_a_config_file(tmp_path: Path) -> None:
+    from tokenpace.cli.command import dump_config, parse_config
+    from tokenpace.server.options import ServeOptions
+
+    argv = ["--host", "0.0.0.0", "--port", "9000", "--max-num-seqs", "8", "--dtype", "float32",
+            "--max-model-len", "512", "--served-model-name", "m", "--uvicorn-log-level", "debug",
+            "--keep-alive", "5", "--containers", "2"]  # fmt: skip
+    options = parse_config(ServeOptions, argv, prog="t").config
+    assert options == ServeOptions(
+        host="0.0.0.0", port=9000, max_num_seqs=8, dtype="float32", max_model_len=512,
+        served_model_name="m", log_level="debug", keep_alive_s=5.0, containers=2,
+    )  # fmt: skip
+    path = tmp_path / "serve.yaml"
+    path.write_text(dump_config(options))
+    assert "uvicorn-log-level: debug" in path.read_text()
+    assert parse_config(ServeOptions, ["--config", str(path)], prog="t").config == options
 
 
 def test_vllm_kv_budget_follows_the_model_shape(tmp_path: Path) -> None:

@@ -14,10 +14,10 @@ capacity taken from the profile just fitted (DESIGN.md section 5).
 
 from __future__ import annotations
 
-import argparse
 import json
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 
 from tokenpace.bench.cpu_scale import main_load_factor
+from tokenpace.cli.command import run_command
+from tokenpace.cli.spec import UsageError
 from tokenpace.core.cache import default_cache_dir
 from tokenpace.core.config import option
 from tokenpace.core.sampling import SamplingParams
@@ -192,24 +194,34 @@ def _device_name(kind: str) -> str:
     return torch.cuda.get_device_name() if kind == "cuda" else "cpu"
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument(
-        "--dry-run", action="store_true", help="tiny model on the CPU, reduced sweep"
-    )
-    parser.add_argument(
-        "--out", type=Path, default=default_cache_dir() / "gpu_check", help="output dir"
-    )
-    args = parser.parse_args(argv)
+@dataclass(frozen=True, slots=True)
+class GpuCheckSettings:
+    """The flags of ``python -m tokenpace.profiling.gpu_check``."""
+
+    dry_run: bool = option(False, "Tiny model on the CPU, reduced sweep.")
+    out: Path | None = option(None, "Output directory (default: the cache directory's gpu_check).")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run the GPU check with ``argv`` (default: the process's arguments)."""
+    run_command(
+        GpuCheckSettings, run, sys.argv[1:] if argv is None else argv,
+        prog="gpu_check", description=__doc__,
+    )  # fmt: skip
+
+
+def run(args: GpuCheckSettings) -> None:
+    """Profile, time and compare; write result.json into ``args.out`` and print it."""
+    out = args.out if args.out is not None else default_cache_dir() / "gpu_check"
     config = dry_run_config() if args.dry_run else GpuCheckConfig()
     if not args.dry_run:
         import torch
 
         if not torch.cuda.is_available():
-            parser.exit(2, "gpu_check: no CUDA device; use --dry-run to check the path on CPU\n")
-    args.out.mkdir(parents=True, exist_ok=True)
-    result = gpu_check(config, args.out, log=lambda message: print(message, flush=True))
-    (args.out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+            raise UsageError("no CUDA device; use --dry-run to check the path on CPU")
+    out.mkdir(parents=True, exist_ok=True)
+    result = gpu_check(config, out, log=lambda message: print(message, flush=True))
+    (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result))
 
 

@@ -10,10 +10,11 @@ sizes, the context sweep, the per-context attention term removed, then the fits.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-from dataclasses import asdict
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numpy as np
 
+from tokenpace.cli.command import run_command
+from tokenpace.core.config import option, require_positive
+from tokenpace.engine.dtype import DTYPE_CHOICES
 from tokenpace.engine.native import NativeEngine, NativeEngineConfig
 from tokenpace.engine.native.probe import NativeProbe
 from tokenpace.profiling.fit import (
@@ -62,22 +66,36 @@ def spread(runs: list[dict[str, Eq2Fit]]) -> dict[str, dict[str, list[float]]]:
     }
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--runs", type=int, default=3, help="sweep repetitions")
-    parser.add_argument("--model", default="smollm2", help="'smollm2', a directory or random:NAME")
-    parser.add_argument(
-        "--dtype", default="auto", help="auto (as every command), float32, bfloat16 or float16"
+@dataclass(frozen=True, slots=True)
+class SpreadSettings:
+    """The flags of ``python -m tokenpace.profiling.spread``."""
+
+    runs: int = option(3, "Sweep repetitions (at least 2).")
+    model: str = option("smollm2", "'smollm2', a local directory or random:NAME.")
+    dtype: str = option(
+        "auto", "Weights and KV precision (auto as every command).", choices=DTYPE_CHOICES
     )
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
-    parser.add_argument(
-        "--cache-dir", type=Path, default=None, help="converted checkpoint cache directory"
-    )
-    args = parser.parse_args(argv)
-    if args.runs < 2:
-        parser.error(f"--runs must be at least 2, got {args.runs}")
+    num_threads: int = option(2, "Torch CPU threads.")
+    cache_dir: Path | None = option(None, "Converted checkpoint cache directory.")
+
+    def __post_init__(self) -> None:
+        require_positive(self, "num_threads")
+        if self.runs < 2:
+            raise ValueError(f"SpreadSettings.runs must be at least 2, got {self.runs}")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run the spread measurement with ``argv`` (default: the process's arguments)."""
+    run_command(
+        SpreadSettings, run, sys.argv[1:] if argv is None else argv,
+        prog="python -m tokenpace.profiling.spread", description=__doc__,
+    )  # fmt: skip
+
+
+def run(args: SpreadSettings) -> None:
+    """Repeat the decode sweep ``args.runs`` times; print each run's fits and the spread."""
     config = NativeEngineConfig(
-        model=args.model, dtype=args.dtype, num_threads=args.threads, cache_dir=args.cache_dir
+        model=args.model, dtype=args.dtype, num_threads=args.num_threads, cache_dir=args.cache_dir
     )
     engine = NativeEngine.load(config, rng=np.random.default_rng(0))
     sweep = SweepConfig()
@@ -88,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     result: dict[str, Any] = {
         "model": args.model,
         "dtype": args.dtype,
-        "threads": args.threads,
+        "threads": args.num_threads,
         "runs": [{n: asdict(f) for n, f in run.items()} for run in runs],
         "spread": spread(runs),
     }

@@ -7,27 +7,36 @@ from pathlib import Path
 
 from tokenpace.core.config import option, require_positive
 from tokenpace.engine.dtype import DTYPE_CHOICES
+from tokenpace.policy import POLICIES
+from tokenpace.pool.router import ROUTERS
 from tokenpace.server.worker.main import BACKEND_MODULES
 
 ENGINES = tuple(BACKEND_MODULES)
+# uvicorn's own names (uvicorn.config.LOG_LEVELS), kept here so that parsing needs no uvicorn.
+UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
 @dataclass(frozen=True, slots=True)
 class ServeOptions:
     """Everything ``tokenpace serve`` takes. Each field is one command-line flag
-    (``--kebab-case`` of its name); ``describe(ServeOptions)`` gives the help texts."""
+    (``--kebab-case`` of its name unless ``flag`` says otherwise; ``tokenpace.cli.spec``
+    generates them), so adding a field adds the flag and its config-file key."""
 
     host: str = option("127.0.0.1", "Address to bind.")
     port: int = option(8000, "TCP port to bind (0 picks a free one).")
     engine: str = option(
-        "native", "Engine: 'native' (PyTorch + transformers) or 'vllm' (vLLM V1, TWP inside)."
+        "native",
+        "Engine: 'native' (PyTorch + transformers) or 'vllm' (vLLM V1, the policy inside).",
+        choices=ENGINES,
     )
     model: str = option("smollm2", "'smollm2' (embedded), a local HF directory or a .gguf file.")
     served_model_name: str | None = option(
         None, "Model name clients send and /v1/models lists (default: the model's name)."
     )
-    scheduler: str = option("twp", "Admission policy run every step (see the policy registry).")
-    router: str = option("least_loaded", "Router choosing a container for each request.")
+    scheduler: str = option("twp", "Admission policy run every step.", choices=POLICIES.names)
+    router: str = option(
+        "least_loaded", "Router choosing a container for each request.", choices=ROUTERS.names
+    )
     containers: int = option(1, "Engine containers in the pool (each holds its own model).")
     slo_ttft_ms: float = option(
         2000.0, "TTFT objective (ms) that SLO-targeted schedulers (twp_slo) aim at."
@@ -39,7 +48,9 @@ class ServeOptions:
         1, "Containers whose engine loads with the server; the others start cold."
     )
     keep_alive_s: float | None = option(
-        None, "Seconds an idle container stays warm before going cold (None: never)."
+        None,
+        "Seconds an idle container stays warm before going cold (default: never).",
+        flag="--keep-alive",
     )
     min_containers: int = option(
         0, "Autoscaler floor on warm+loading containers (0 allows scale to zero)."
@@ -61,7 +72,7 @@ class ServeOptions:
     ray_address: str | None = option(
         None,
         "Place the engine containers on a Ray cluster: 'local' starts one here, 'auto' or "
-        "HOST:PORT joins a running one (None: local processes).",
+        "HOST:PORT joins a running one (default: local processes).",
     )
     ray_cpus_per_engine: float | None = option(
         None, "CPUs each engine actor reserves on its Ray node (default: --num-threads)."
@@ -73,9 +84,10 @@ class ServeOptions:
     device: str = option("auto", "'auto', 'cpu' or 'cuda[:N]'.")
     dtype: str = option(
         "auto",
-        "Weights and KV precision: float32, bfloat16, float16, or auto: the native engine "
-        "loads float32 and bfloat16, times decode steps at batch --b0 and keeps the faster; "
-        "vLLM takes bfloat16 where the device computes it natively, else float32.",
+        "Weights and KV precision; auto: the native engine loads float32 and bfloat16, times "
+        "decode steps at batch --b0 and keeps the faster; vLLM takes bfloat16 where the "
+        "device computes it natively, else float32.",
+        choices=DTYPE_CHOICES,
     )
     num_threads: int = option(2, "Torch CPU threads per engine (pinned).")
     kv_cache_tokens: int = option(65536, "KV cache budget per container (tokens).")
@@ -94,7 +106,9 @@ class ServeOptions:
     max_request_bytes: int = option(
         4 * 2**20, "Request bodies larger than this (bytes) are refused with a 413."
     )
-    api_key: str | None = option(None, "Bearer token every /v1 request must carry (None: open).")
+    api_key: str | None = option(
+        None, "Bearer token every /v1 request must carry (default: none, the API is open)."
+    )
     shutdown_timeout_s: float = option(
         10.0, "On shutdown, seconds in-flight requests may finish before they are aborted."
     )
@@ -104,7 +118,9 @@ class ServeOptions:
     start_timeout_s: float = option(
         600.0, "Seconds the first engine may take to load before the server gives up."
     )
-    log_level: str = option("info", "uvicorn log level.")
+    log_level: str = option(
+        "info", "uvicorn's log level.", flag="--uvicorn-log-level", choices=UVICORN_LOG_LEVELS
+    )
 
     def __post_init__(self) -> None:
         require_positive(

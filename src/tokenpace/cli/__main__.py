@@ -1,0 +1,5 @@
+"""``python -m tokenpace.cli``: the same as ``tokenpace``."""
+
+from tokenpace.cli import main
+
+main()

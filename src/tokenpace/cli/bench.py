@@ -1,0 +1,188 @@
+"""``tokenpace bench``: resolve the options into plan parts, run them, print the table."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import Progress
+
+from tokenpace.bench.cpu_scale import cpu_workloads, main_load_factor
+from tokenpace.bench.fidelity import measure_fidelity
+from tokenpace.bench.matrix import MatrixConfig
+from tokenpace.bench.presets import MAIN_SCHEDULERS, PRESETS, ROUTING_BASELINES, PlanOptions
+from tokenpace.bench.suite import num_cells, run_bench
+from tokenpace.cli.bench_options import DEFAULT_PROFILE, BenchOptions
+from tokenpace.cli.bench_trace import trace_part
+from tokenpace.cli.spec import UsageError
+from tokenpace.cli.summary_table import print_summary
+from tokenpace.core.cache import default_cache_dir
+from tokenpace.engine.profile import EngineProfile, load_profile
+from tokenpace.metrics.qoe import QoeConfig
+from tokenpace.metrics.slo import Slo
+from tokenpace.pool.config import PoolConfig
+from tokenpace.workload.gsm8k import load_prompts
+from tokenpace.workload.scenarios import ScenarioConfig
+
+# The native engine's fitted profile, under the cache directory's ``profiles`` folder.
+NATIVE_PROFILE_NAME = "native-smollm2-cpu.json"
+
+
+def resolve_profile(value: str) -> EngineProfile:
+    """The shipped profile named ``value`` or the profile JSON at that path."""
+    try:
+        return load_profile(value)
+    except (FileNotFoundError, ValueError) as error:
+        raise UsageError(f"--profile: {error}") from None
+
+
+def cached_native_profile(cache_dir: Path) -> EngineProfile:
+    """The native engine's fitted profile under ``cache_dir``/profiles, profiled on first
+    use."""
+    path = cache_dir / "profiles" / NATIVE_PROFILE_NAME
+    if not path.is_file():
+        print(f"profiling the native engine once into {path} (a minute or two)", file=sys.stderr)
+        try:
+            from tokenpace.engine.native import NativeEngineConfig
+            from tokenpace.profiling import run_profile
+        except ImportError as error:
+            setup = "scripts/setup.sh native"
+            raise UsageError(f"the native engine needs `{setup}` ({error})") from None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        run_profile(
+            "native",
+            path,
+            engine_config=NativeEngineConfig(cache_dir=cache_dir),
+            log=lambda message: print(message, file=sys.stderr),
+        )
+    return resolve_profile(str(path))
+
+
+def engine_profile(options: BenchOptions) -> EngineProfile:
+    """``--profile``, else the native engine's fitted one, else the default shipped one."""
+    if options.profile is not None:
+        return resolve_profile(options.profile)
+    if options.engine == "native":
+        return cached_native_profile(
+            options.cache_dir if options.cache_dir is not None else default_cache_dir()
+        )
+    return resolve_profile(DEFAULT_PROFILE)
+
+
+def prompt_texts(path: Path | None) -> tuple[str, ...] | None:
+    """The prompts of ``--prompts`` (None without it)."""
+    if path is None:
+        return None
+    try:
+        return tuple(load_prompts(path))
+    except (FileNotFoundError, ValueError) as error:
+        raise UsageError(f"--prompts: {error}") from None
+
+
+def plan_options(options: BenchOptions, profile: EngineProfile) -> PlanOptions:
+    """What every preset reads: schedulers, seeds, profile, SLO, pool, prompts, caches."""
+    pool = PoolConfig(
+        num_containers=options.containers, initial_warm=options.warm_containers,
+        keep_alive_s=options.keep_alive_s,
+    )  # fmt: skip
+    return PlanOptions(
+        schedulers=options.schedulers,
+        seeds=tuple(range(options.seed, options.seed + options.num_seeds)),
+        profile=profile,
+        slo=Slo(ttft_ms=options.slo_ttft_ms, tpot_ms=options.slo_tpot_ms),
+        pool=pool,
+        router=options.router,
+        prompts=prompt_texts(options.prompts),
+        scenario=ScenarioConfig(duration_s=options.scenario_duration),
+        qoe=QoeConfig(pace_tok_s=options.qoe_pace, expected_ttft_s=options.qoe_ttft_s),
+        cache_dir=options.cache_dir if options.cache_dir is not None else default_cache_dir(),
+        workers=options.workers,
+    )
+
+
+def real_engine_part(options: BenchOptions, plan: PlanOptions) -> tuple[MatrixConfig, str]:
+    """The single-server part on a real engine at CPU scale, and the report's note. Sets
+    the process environment the engine needs (``prepare_process``): call it from the
+    command's process only."""
+    from tokenpace.bench.engine_runner import prepare_process
+
+    prepare_process(options.engine)
+    reference = resolve_profile(DEFAULT_PROFILE)
+    names = plan.schedulers or MAIN_SCHEDULERS
+    part = MatrixConfig(
+        schedulers=tuple(n for n in names if n not in ROUTING_BASELINES),
+        workloads=cpu_workloads(plan.profile, reference), seeds=plan.seeds,
+        profile=plan.profile, slo=plan.slo, runner=options.engine, engine=options.engine,
+        prompts=plan.prompts,
+    )  # fmt: skip
+    note = (
+        f"Engine `{options.engine}` at CPU scale: `main` runs the paper's mixtures at the same "
+        f"multiple of capacity as 18 req/s on {reference.name} "
+        f"({main_load_factor(reference):.2f}x), `high` at 1.2x capacity, 60 requests each."
+    )
+    return part, note
+
+
+def run_fidelity(options: BenchOptions, plan: PlanOptions) -> None:
+    """Run one workload on the engine and on the simulator; print the relative errors, the
+    last line one JSON object."""
+    workload = cpu_workloads(plan.profile, resolve_profile(DEFAULT_PROFILE))[0]
+    scheduler = (plan.schedulers or ("twp",))[0]
+    result = measure_fidelity(
+        options.engine, scheduler, workload, options.seed, plan.profile, plan.slo
+    )
+    for name, error in result.relative_error.items():
+        print(f"{name}: {100 * error:+.1f}%", file=sys.stderr)
+    print(json.dumps({
+        "engine": options.engine, "scheduler": scheduler, "workload": workload.name,
+        "seed": options.seed, "profile": plan.profile.name,
+        "n_requests": result.real["n_requests"],
+        "relative_error": {k: round(v, 4) for k, v in result.relative_error.items()},
+    }))  # fmt: skip
+
+
+def plan_parts(options: BenchOptions, plan: PlanOptions) -> tuple[list[MatrixConfig], list[str]]:
+    """The parts to run (a real engine's, a trace replay or the preset's) and their notes."""
+    if options.engine != "sim":
+        part, note = real_engine_part(options, plan)
+        return [part], [note]
+    if options.trace is not None:
+        part, note = trace_part(options, plan)
+        return [part], [note]
+    Console(stderr=True).print("measuring capacity (cached after the first run)")
+    return PRESETS.get(options.preset)(plan), []
+
+
+def execute(parts: list[MatrixConfig], options: BenchOptions, notes: list[str]) -> None:
+    """Run every cell with a progress bar, write the results, print the table."""
+    if any(not p.schedulers for p in parts):
+        raise UsageError("no scheduler of --schedulers can run in this preset's single-server part")
+    # A real engine owns the machine's cores.
+    workers = 1 if options.engine != "sim" else options.workers
+    console = Console(stderr=True)
+    started = time.monotonic()
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("simulating", total=num_cells(parts))
+        outcome = run_bench(
+            parts, options.out, str(options.prompts) if options.prompts else None,
+            workers=workers, on_done=lambda _cell: progress.advance(task), notes=tuple(notes),
+        )  # fmt: skip
+    print_summary(Console(width=170), outcome.document["summary"])
+    console.print(
+        f"wrote {options.out}/results.json, requests.csv, report.md and "
+        f"{len(outcome.figures)} figures in {time.monotonic() - started:.1f} s"
+    )
+
+
+def run(options: BenchOptions) -> None:
+    """Compare schedulers. Default: the paper's main experiment (Poisson 18 req/s, 60 s,
+    <= 250 requests) for five schedulers over 10 seeds on the simulator."""
+    plan = plan_options(options, engine_profile(options))
+    if options.fidelity:
+        run_fidelity(options, plan)
+        return
+    parts, notes = plan_parts(options, plan)
+    execute(parts, options, notes)
