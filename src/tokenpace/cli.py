@@ -26,6 +26,7 @@ from tokenpace.bench.presets import (
     capacity_entry,
     pool_part,
 )
+from tokenpace.bench.runners import RunnerSet
 from tokenpace.bench.suite import num_cells, run_bench
 from tokenpace.core.cache import default_cache_dir
 from tokenpace.engine.profile import EngineProfile, load_profile
@@ -392,7 +393,10 @@ def run_fidelity(
     engine_profile: EngineProfile, plan: PlanOptions,
 ) -> None:  # fmt: skip
     """Print the fidelity table; the last line is one JSON object."""
-    result = measure_fidelity(engine, scheduler, workload, seed, engine_profile, plan.slo)
+    with RunnerSet() as runners:
+        result = measure_fidelity(
+            runners, engine, scheduler, workload, seed, engine_profile, plan.slo
+        )
     for name, error in result.relative_error.items():
         print(f"{name}: {100 * error:+.1f}%", file=sys.stderr)
     print(json.dumps({
