@@ -136,7 +136,9 @@ def main(argv: list[str] | None = None) -> None:
                     f"{real['throughput_tok_s']:.1f} tok/s; sim ITL "
                     f"{sim['itl_ms']['mean']:.1f} ms, TTFT p50/p99 "
                     f"{sim['ttft_ms']['p50']:.0f}/{sim['ttft_ms']['p99']:.0f} ms, "
-                    f"{sim['throughput_tok_s']:.1f} tok/s; errors {errors}",
+                    f"{sim['throughput_tok_s']:.1f} tok/s; real per-step cost outside the "
+                    f"measured step latency {measured.real_step_overhead_ms:.2f} ms; "
+                    f"errors {errors}",
                     file=sys.stderr,
                     flush=True,
                 )

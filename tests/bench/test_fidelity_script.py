@@ -40,3 +40,17 @@ def test_an_unknown_engine_is_refused_by_name() -> None:
     )
     assert done.returncode == 2
     assert "unknown engine 'tpu'" in done.stderr
+
+
+def test_step_overhead_is_the_median_busy_gap() -> None:
+    from tokenpace.bench.fidelity import step_overhead_ms
+    from tokenpace.runtime.step_loop import StepRecord
+
+    def step(start_s: float, latency_s: float) -> StepRecord:
+        return StepRecord(0, start_s, latency_s, 1, 0, 1, 0, 0, 0, 0, 0, {})
+
+    # Gaps after each step: 2 ms, 4 ms, 3 ms, then an idle second (not counted).
+    steps = [step(0.0, 0.010), step(0.012, 0.010), step(0.026, 0.010), step(0.039, 0.01),
+             step(1.049, 0.01)]  # fmt: skip
+    assert step_overhead_ms(steps) == pytest.approx(3.0)
+    assert math.isnan(step_overhead_ms(steps[:1]))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from tokenpace.engine.profile import EngineProfile
 from tokenpace.metrics.run_metrics import RunKey, summarize_run
 from tokenpace.metrics.slo import Slo
 from tokenpace.pool.capacity import pool_capacity_rps
+from tokenpace.runtime.step_loop import StepRecord
 from tokenpace.workload.main_experiment import (
     PAPER_OUTPUT_LENGTHS,
     PAPER_PROMPT_LENGTHS,
@@ -40,6 +42,19 @@ class FidelityResult:
     real: Mapping[str, Any]
     simulated: Mapping[str, Any]
     relative_error: Mapping[str, float]
+    real_step_overhead_ms: float = float("nan")
+
+
+def step_overhead_ms(steps: Sequence[StepRecord], idle_gap_s: float = 0.05) -> float:
+    """Median time (ms) between the end of one step's measured latency and the start of the
+    next, over back-to-back steps (gap under ``idle_gap_s``): the per-step cost outside
+    what the profile's step latency measures (planning, bookkeeping, delivery). NaN when no
+    two steps ran back to back."""
+    gaps = [
+        after.start_s - (before.start_s + before.latency_s) for before, after in pairwise(steps)
+    ]
+    busy = [1000 * g for g in gaps if -idle_gap_s < g < idle_gap_s]
+    return float(np.median(busy)) if busy else float("nan")
 
 
 def _value(run: Mapping[str, Any], path: tuple[str, ...]) -> float:
@@ -59,17 +74,20 @@ def measure_fidelity(
     # Real engines stop requests through max_tokens: the simulator gets the same caps.
     specs = with_known_lengths(workload.generate(np.random.default_rng([seed, 0])))
     runs = {}
+    overhead = float("nan")
     for runner in (engine, "sim"):
         output = runners.get(runner)(
             RunRequest(scheduler, specs, profile, np.random.default_rng([seed, 1]), slo)
         )
         key = RunKey(scheduler, workload.name, runner, seed)
         runs[runner] = summarize_run(key, output.requests, 0.0, slo)
+        if runner == engine:
+            overhead = step_overhead_ms(output.steps.get(0, []))
     errors = {
         name: (_value(runs["sim"], path) - _value(runs[engine], path)) / _value(runs[engine], path)
         for name, path in COMPARED.items()
     }
-    return FidelityResult(runs[engine], runs["sim"], errors)
+    return FidelityResult(runs[engine], runs["sim"], errors, overhead)
 
 
 def knee_workloads(
