@@ -34,13 +34,11 @@ def native_engine_config() -> object:
 
 
 def vllm_engine_config() -> object:
-    """vLLM on the embedded SmolLM2's converted checkpoint (the native engine's cache)."""
-    from tokenpace.engine.native import NativeEngineConfig
-    from tokenpace.engine.native.loading import ensure_checkpoint
-    from tokenpace.engine.vllm.config import VllmEngineConfig
+    """vLLM on the embedded SmolLM2's converted checkpoint (the native engine's cache),
+    sized as ``tokenpace profile --engine vllm`` profiles it."""
+    from tokenpace.engine.vllm.probe import profile_engine_config
 
-    directory, _ = ensure_checkpoint(NativeEngineConfig())
-    return VllmEngineConfig(model=str(directory))
+    return profile_engine_config()
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,18 +1,29 @@
 """Simulator fidelity: one workload and seed on a real engine and on the simulator with
-that engine's profile; relative errors of mean ITL, p50/p99 TTFT and throughput."""
+that engine's profile; relative errors of mean ITL, p50/p99 TTFT and throughput, at loads
+set relative to the engine's knee."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from itertools import pairwise
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from tokenpace.bench.capacity import KneeProblem, KneeSearch, cached_capacity
 from tokenpace.bench.runners import RunnerSet, RunRequest
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.metrics.run_metrics import RunKey, summarize_run
 from tokenpace.metrics.slo import Slo
+from tokenpace.pool.capacity import pool_capacity_rps
+from tokenpace.runtime.step_loop import StepRecord
+from tokenpace.workload.main_experiment import (
+    PAPER_OUTPUT_LENGTHS,
+    PAPER_PROMPT_LENGTHS,
+    PoissonWorkload,
+)
 from tokenpace.workload.spec import Workload, with_known_lengths
 
 COMPARED = {
@@ -25,9 +36,25 @@ COMPARED = {
 
 @dataclass(frozen=True, slots=True)
 class FidelityResult:
+    """The real and simulated runs' results.json entries and, per compared metric, the
+    relative error (simulated - real) / real."""
+
     real: Mapping[str, Any]
     simulated: Mapping[str, Any]
     relative_error: Mapping[str, float]
+    real_step_overhead_ms: float = float("nan")
+
+
+def step_overhead_ms(steps: Sequence[StepRecord], idle_gap_s: float = 0.05) -> float:
+    """Median time (ms) between the end of one step's measured latency and the start of the
+    next, over back-to-back steps (gap under ``idle_gap_s``): the per-step cost outside
+    what the profile's step latency measures (planning, bookkeeping, delivery). NaN when no
+    two steps ran back to back."""
+    gaps = [
+        after.start_s - (before.start_s + before.latency_s) for before, after in pairwise(steps)
+    ]
+    busy = [1000 * g for g in gaps if -idle_gap_s < g < idle_gap_s]
+    return float(np.median(busy)) if busy else float("nan")
 
 
 def _value(run: Mapping[str, Any], path: tuple[str, ...]) -> float:
@@ -38,22 +65,54 @@ def _value(run: Mapping[str, Any], path: tuple[str, ...]) -> float:
 
 
 def measure_fidelity(
-    engine: str, scheduler: str, workload: Workload, seed: int,
+    runners: RunnerSet, engine: str, scheduler: str, workload: Workload, seed: int,
     profile: EngineProfile, slo: Slo,
 ) -> FidelityResult:  # fmt: skip
-    """Relative error = (simulated - real) / real for each compared metric."""
+    """Run ``workload`` (seed ``seed``) under ``scheduler`` on ``engine`` and on the
+    simulator with ``profile``, both from ``runners`` (the engine stays loaded for the next
+    call); relative error = (simulated - real) / real for each compared metric."""
     # Real engines stop requests through max_tokens: the simulator gets the same caps.
     specs = with_known_lengths(workload.generate(np.random.default_rng([seed, 0])))
     runs = {}
-    with RunnerSet() as runners:
-        for runner in (engine, "sim"):
-            output = runners.get(runner)(
-                RunRequest(scheduler, specs, profile, np.random.default_rng([seed, 1]), slo)
-            )
-            key = RunKey(scheduler, workload.name, runner, seed)
-            runs[runner] = summarize_run(key, output.requests, 0.0, slo)
+    overhead = float("nan")
+    for runner in (engine, "sim"):
+        output = runners.get(runner)(
+            RunRequest(scheduler, specs, profile, np.random.default_rng([seed, 1]), slo)
+        )
+        key = RunKey(scheduler, workload.name, runner, seed)
+        runs[runner] = summarize_run(key, output.requests, 0.0, slo)
+        if runner == engine:
+            overhead = step_overhead_ms(output.steps.get(0, []))
     errors = {
         name: (_value(runs["sim"], path) - _value(runs[engine], path)) / _value(runs[engine], path)
         for name, path in COMPARED.items()
     }
-    return FidelityResult(runs[engine], runs["sim"], errors)
+    return FidelityResult(runs[engine], runs["sim"], errors, overhead)
+
+
+def knee_workloads(
+    profile: EngineProfile,
+    slo: Slo,
+    loads: Sequence[float],
+    num_requests: int,
+    cache_dir: Path | None,
+    search: KneeSearch | None = None,
+) -> tuple[float, dict[float, PoissonWorkload]]:
+    """The knee (req/s) of one server with ``profile`` on the paper's main-experiment
+    mixtures, measured on the simulator (``bench.capacity``, cached in ``cache_dir``), and
+    per load factor the workload of ``num_requests`` Poisson arrivals at that multiple of
+    it."""
+    guess = pool_capacity_rps(profile, PAPER_PROMPT_LENGTHS, PAPER_OUTPUT_LENGTHS, 1)
+    base = PoissonWorkload(
+        name="main", rate_per_s=guess, duration_s=2 * num_requests / guess,
+        max_requests=num_requests,
+    )  # fmt: skip
+    problem = KneeProblem(profile, 1, base, slo, search or KneeSearch())
+    knee = cached_capacity(problem, guess, cache_dir).knee_rps
+    workloads = {}
+    for load in loads:
+        rate = load * knee
+        workloads[load] = replace(
+            base, name=f"main@{load:g}x", rate_per_s=rate, duration_s=2 * num_requests / rate
+        )
+    return knee, workloads

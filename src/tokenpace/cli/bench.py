@@ -14,6 +14,7 @@ from tokenpace.bench.cpu_scale import cpu_workloads, main_load_factor
 from tokenpace.bench.fidelity import measure_fidelity
 from tokenpace.bench.matrix import MatrixConfig
 from tokenpace.bench.presets import MAIN_SCHEDULERS, PRESETS, ROUTING_BASELINES, PlanOptions
+from tokenpace.bench.runners import RunnerSet
 from tokenpace.bench.suite import num_cells, run_bench
 from tokenpace.cli.bench_options import DEFAULT_PROFILE, BenchOptions
 from tokenpace.cli.bench_trace import trace_part
@@ -129,11 +130,15 @@ def real_engine_part(options: BenchOptions, plan: PlanOptions) -> tuple[MatrixCo
 def run_fidelity(options: BenchOptions, plan: PlanOptions) -> None:
     """Run one workload on the engine and on the simulator; print the relative errors, the
     last line one JSON object."""
+    from tokenpace.bench.engine_runner import prepare_process
+
+    prepare_process(options.engine)
     workload = cpu_workloads(plan.profile, resolve_profile(DEFAULT_PROFILE))[0]
     scheduler = (plan.schedulers or ("twp",))[0]
-    result = measure_fidelity(
-        options.engine, scheduler, workload, options.seed, plan.profile, plan.slo
-    )
+    with RunnerSet() as runners:
+        result = measure_fidelity(
+            runners, options.engine, scheduler, workload, options.seed, plan.profile, plan.slo
+        )
     for name, error in result.relative_error.items():
         print(f"{name}: {100 * error:+.1f}%", file=sys.stderr)
     print(json.dumps({

@@ -1,0 +1,164 @@
+"""Simulator fidelity against each real engine at 0.5x, 1.0x and 1.5x of the engine's knee.
+
+For each engine (``--engines``, default native and vllm): its fitted profile (profiled once
+through its serving backend and cached under the cache dir), the knee of one server with
+that profile on the paper's main-experiment mixtures (measured on the simulator, as
+``tokenpace bench`` measures capacity), then the same workload and seed (``--requests``
+Poisson arrivals at each load) on the real engine and on the simulator under
+``--scheduler``. Every request runs to its drawn output length on both.
+The knee's SLO is tokenpace bench's default (TTFT 2 s, TPOT 100 ms) scaled by how much
+slower the engine's l_min is than the reference profile's (never tightened), unless given.
+``--quick`` is a smoke test: a reduced profiling sweep and a few requests per load.
+Prints one JSON object on its last line:
+``{"native": {"0.5": {"itl_mean": e, "ttft_p50": e, "ttft_p99": e, "throughput": e}, ...},
+"vllm": {...}}`` with e = (simulated - real) / real.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+# Spinning OpenMP threads collapse under any competing busy process; set before torch loads.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from tokenpace.bench.engine_runner import prepare_process
+from tokenpace.bench.fidelity import knee_workloads, measure_fidelity
+from tokenpace.bench.runners import RunnerSet
+from tokenpace.cli.command import run_command
+from tokenpace.core.cache import default_cache_dir
+from tokenpace.core.config import option
+from tokenpace.engine.profile import EngineProfile, load_profile
+from tokenpace.metrics.slo import Slo
+from tokenpace.profiling.run import default_sweep, run_profile
+from tokenpace.profiling.sweep import SweepConfig
+
+ENGINES = ("native", "vllm")
+REFERENCE_PROFILE = "v100-llama-3.2-3b"
+BENCH_TTFT_MS, BENCH_TPOT_MS = 2000.0, 100.0  # tokenpace bench's default SLO
+LOADS = (0.5, 1.0, 1.5)
+NAMES = {"itl_mean": "itl_mean", "ttft_p50": "ttft_p50", "ttft_p99": "ttft_p99",
+         "throughput_tok_s": "throughput"}  # fmt: skip
+QUICK_SWEEP = SweepConfig(
+    batch_sizes=(1, 4, 8),
+    decode_context=32,
+    context_lengths=(),
+    context_batch_sizes=(),
+    prefill_chunks=(16, 64),
+    prefill_context_starts=(0,),
+    mixed_batch_size=4,
+    mixed_chunk=16,
+    steps_per_point=3,
+    warmup_steps=1,
+    repeats=1,
+)
+
+
+def fidelity_sweep(engine: str) -> SweepConfig:
+    """The profiling sweep of the full run: the engine's default sweep over batches up to
+    32 (the workloads' range), contexts up to 512, four timed steps per point."""
+    return replace(
+        default_sweep(engine), batch_sizes=(1, 2, 4, 8, 16, 32), context_lengths=(128, 512),
+        context_batch_sizes=(1, 8), prefill_chunks=(16, 64, 256), steps_per_point=4,
+        decode_rounds=1,
+    )  # fmt: skip
+
+
+def engine_profile(engine: str, cache_dir: Path, quick: bool) -> EngineProfile:
+    """The engine's fitted profile, profiled on first use and cached."""
+    path = cache_dir / "profiles" / f"{engine}-{'quick' if quick else 'sweep'}.json"
+    if not path.is_file():
+        print(f"{engine}: profiling into {path}", file=sys.stderr, flush=True)
+        sweep = QUICK_SWEEP if quick else fidelity_sweep(engine)
+        run_profile(
+            engine, path, sweep=sweep, measure_checkpoints=False,
+            log=lambda message: print(f"  {message}", file=sys.stderr, flush=True),
+        )  # fmt: skip
+    return load_profile(path)
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """The flags of ``bench/fidelity.py``."""
+
+    engines: tuple[str, ...] = option(ENGINES, "Engines to compare.", choices=ENGINES)
+    scheduler: str = option("twp", "Policy run on the engine and the simulator.")
+    seed: int = option(0, "Workload seed.")
+    requests: int | None = option(None, "Requests per load (default 24; 6 with --quick).")
+    quick: bool = option(False, "Smoke test: tiny sweep and load.")
+    slo_ttft_ms: float | None = option(None, "TTFT SLO of the knee (default scaled to l_min).")
+    slo_tpot_ms: float | None = option(None, "TPOT SLO of the knee (default scaled to l_min).")
+    cache_dir: Path | None = option(None, "Profiles and knees cache.")
+
+    def __post_init__(self) -> None:
+        if self.requests is not None and self.requests < 2:
+            raise ValueError(f"--requests must be at least 2, got {self.requests}")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run the fidelity comparison with ``argv`` (default: the process's arguments)."""
+    run_command(
+        Settings, run, sys.argv[1:] if argv is None else argv,
+        prog="bench/fidelity.py", description=__doc__,
+    )  # fmt: skip
+
+
+def run(args: Settings) -> None:
+    """Profile each engine, find its knee, run the three loads; print the JSON line."""
+    engines = list(args.engines)
+    num_requests = args.requests or (6 if args.quick else 24)
+    cache_dir = args.cache_dir or default_cache_dir()
+    for engine in engines:
+        prepare_process(engine)
+    started = time.monotonic()
+    result: dict[str, dict[str, dict[str, float]]] = {}
+    for engine in engines:
+        profile = engine_profile(engine, cache_dir, args.quick)
+        scale = max(1.0, profile.l_min_ms / load_profile(REFERENCE_PROFILE).l_min_ms)
+        slo = Slo(
+            ttft_ms=args.slo_ttft_ms or BENCH_TTFT_MS * scale,
+            tpot_ms=args.slo_tpot_ms or BENCH_TPOT_MS * scale,
+        )
+        knee, workloads = knee_workloads(profile, slo, LOADS, num_requests, cache_dir)
+        if not knee > 0:
+            raise SystemExit(f"{engine}: no load meets the SLO {slo}; give looser --slo-*-ms")
+        print(
+            f"{engine}: profile l_min {profile.l_min_ms:.1f} ms, b0 {profile.b0}, alpha "
+            f"{profile.alpha_ms:.2f} ms; SLO {slo.ttft_ms:.0f}/{slo.tpot_ms:.0f} ms; "
+            f"knee {knee:.3f} req/s",
+            file=sys.stderr, flush=True,
+        )  # fmt: skip
+        result[engine] = {}
+        with RunnerSet() as runners:
+            for load, workload in workloads.items():
+                measured = measure_fidelity(
+                    runners, engine, args.scheduler, workload, args.seed, profile, slo
+                )
+                errors = {NAMES[k]: round(v, 4) for k, v in measured.relative_error.items()}
+                result[engine][f"{load:g}" if load != 1 else "1.0"] = errors
+                real, sim = measured.real, measured.simulated
+                print(
+                    f"{engine} {load:g}x ({workload.rate_per_s:.2f} req/s): real ITL "
+                    f"{real['itl_ms']['mean']:.1f} ms, TTFT p50/p99 "
+                    f"{real['ttft_ms']['p50']:.0f}/{real['ttft_ms']['p99']:.0f} ms, "
+                    f"{real['throughput_tok_s']:.1f} tok/s; sim ITL "
+                    f"{sim['itl_ms']['mean']:.1f} ms, TTFT p50/p99 "
+                    f"{sim['ttft_ms']['p50']:.0f}/{sim['ttft_ms']['p99']:.0f} ms, "
+                    f"{sim['throughput_tok_s']:.1f} tok/s; real per-step cost outside the "
+                    f"measured step latency {measured.real_step_overhead_ms:.2f} ms; "
+                    f"errors {errors}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    print(f"fidelity: {time.monotonic() - started:.0f} s", file=sys.stderr)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""bench/fidelity.py --quick on the native engine: the whole path, one small run per load."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch", reason="the native engine needs the native extra")
+
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "fidelity.py"
+
+
+@pytest.mark.native
+@pytest.mark.slow
+def test_quick_run_reports_every_error_per_load(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick", "--engines", "native",
+         "--cache-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=900, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert list(result) == ["native"]
+    assert list(result["native"]) == ["0.5", "1.0", "1.5"]
+    for errors in result["native"].values():
+        assert set(errors) == {"itl_mean", "ttft_p50", "ttft_p99", "throughput"}
+        assert all(math.isfinite(e) and e > -1 for e in errors.values())
+    assert (tmp_path / "profiles" / "native-quick.json").is_file()
+
+
+def test_an_unknown_engine_is_refused_by_name() -> None:
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--engines", "tpu"], capture_output=True, text=True
+    )
+    assert done.returncode == 2
+    assert "--engines 'tpu' is not a valid choice" in done.stderr
+
+
+def test_step_overhead_is_the_median_busy_gap() -> None:
+    from tokenpace.bench.fidelity import step_overhead_ms
+    from tokenpace.runtime.step_loop import StepRecord
+
+    def step(start_s: float, latency_s: float) -> StepRecord:
+        return StepRecord(0, start_s, latency_s, 1, 0, 1, 0, 0, 0, 0, 0, {})
+
+    # Gaps after each step: 2 ms, 4 ms, 3 ms, then an idle second (not counted).
+    steps = [step(0.0, 0.010), step(0.012, 0.010), step(0.026, 0.010), step(0.039, 0.01),
+             step(1.049, 0.01)]  # fmt: skip
+    assert step_overhead_ms(steps) == pytest.approx(3.0)
+    assert math.isnan(step_overhead_ms(steps[:1]))
