@@ -122,6 +122,9 @@ def main() -> None:
     parser.add_argument("--target-per-container", type=float, default=2.0)
     parser.add_argument("--migration-batch-threshold", type=int, default=2)
     parser.add_argument("--zero-timeout", type=float, default=90.0, help="Seconds to wait.")
+    parser.add_argument(
+        "--start-timeout", type=float, default=300.0, help="Seconds the server may take to start."
+    )
     args = parser.parse_args()
 
     port = free_port()
@@ -138,7 +141,7 @@ def main() -> None:
     started = time.monotonic()
     server = subprocess.Popen(command, env=env)
     try:
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + args.start_timeout
         while True:
             try:
                 if httpx.get(f"{url}/health", timeout=2).status_code == 200:
