@@ -3,40 +3,56 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from tokenpace.core.request import Request
-from tokenpace.pool.autoscaler import Autoscaler, LoadWindow
+from tokenpace.pool.autoscaler import LoadWindow, PoolSignal, ScalingRule
 from tokenpace.pool.container import Container
 from tokenpace.pool.migration import Migrator
 from tokenpace.pool.router import Router
 from tokenpace.pool.view import ContainerView, view_of
 
 
+@dataclass(frozen=True, slots=True)
+class ScaleOut:
+    """The autoscaler started ``num_started`` cold containers at ``time_s``, when
+    ``num_waiting`` requests of the pool were queued (not yet admitted anywhere) and
+    ``num_outstanding`` were waiting or running."""
+
+    time_s: float
+    num_started: int
+    num_waiting: int
+    num_outstanding: int
+
+
 class Pool:
     """Routes arrivals, scales instances and reacts to container events.
 
-    On each arrival the autoscaler first compares the instances it wants for the pool's
-    outstanding requests (this one included) with the active (warm or loading) ones and
-    starts the cold containers that would be ready soonest; then the router picks a
-    container from snapshots of all of them, so a request may be sent to a container that
-    is still starting and pay its cold start. Scaling down follows the highest load of the
-    last ``scale_down_window_s``: instances beyond what that load needs are drained (routers
-    send them no new work), run dry and go cold after their keep-alive, unless that would
-    take the pool below ``min_instances``. A drained instance is taken back before any cold
-    one is started.
+    On each arrival the autoscaler first compares the instances it wants (``ScalingRule``:
+    for the pool's outstanding requests, this one included, or its token demand) with the
+    active (warm or loading) ones and starts the cold containers that would be ready
+    soonest; then the router picks a container from snapshots of all of them, so a request
+    may be sent to a container that is still starting and pay its cold start. Scaling down
+    follows the most instances wanted over the last ``scale_down_window_s``: instances
+    beyond that are drained (routers send them no new work), run dry and go cold after
+    their keep-alive, unless that would take the pool below ``min_instances``. A drained
+    instance is taken back before any cold one is started. Every start the autoscaler
+    triggers is recorded in ``scale_outs``.
     """
 
     def __init__(
         self,
         router: Router,
-        autoscaler: Autoscaler,
+        autoscaler: ScalingRule,
         migration_batch_threshold: int,
         migration_overhead_s: float,
         scale_down_window_s: float = 0.0,
     ) -> None:
         self.router = router
         self.autoscaler = autoscaler
-        self._load = LoadWindow(scale_down_window_s)
+        # The instances wanted over time: their sliding maximum is what scaling down keeps.
+        self._wanted = LoadWindow(scale_down_window_s)
+        self.scale_outs: list[ScaleOut] = []
         self.containers: list[Container] = []
         self.migrator: Migrator | None = (
             Migrator(self.containers, migration_batch_threshold, migration_overhead_s)
@@ -64,22 +80,29 @@ class Pool:
 
     def submit(self, request: Request, now_s: float) -> None:
         """Let the autoscaler react to the new load, then route ``request``."""
-        self._scale(now_s, self.num_outstanding + 1)
+        self._scale(PoolSignal(now_s, self.num_outstanding + 1, arrival=request))
         chosen = self.router.route(request, self.views(now_s))
         self.containers[chosen].submit(request, now_s)
 
-    def _scale(self, now_s: float, load: int) -> None:
-        self._load.record(now_s, load)
-        wanted = self.autoscaler.desired(load)
-        keep = max(wanted, self.autoscaler.desired(self._load.peak(now_s)))
+    def _scale(self, signal: PoolSignal) -> None:
+        now_s = signal.now_s
+        wanted = self.autoscaler.wanted(signal)
+        self._wanted.record(now_s, wanted)
+        keep = max(wanted, self._wanted.peak(now_s))
         active = [c for c in self.containers if c.is_active]
         missing = wanted - len(active)
         if missing > 0:
             cold = [c for c in self.containers if not c.is_active]
             cold.sort(key=lambda c: (c.startup_s(now_s), c.container_id))
-            for container in cold[:missing]:
+            started = cold[:missing]
+            if started:
+                num_waiting = sum(len(c.loop.waiting) for c in self.containers)
+                self.scale_outs.append(
+                    ScaleOut(now_s, len(started), num_waiting, signal.num_outstanding)
+                )
+            for container in started:
                 container.start_load(now_s)
-            active += cold[:missing]
+            active += started
         # Keep the open containers with the most work; drain the surplus (those already
         # draining stay so, so a draining container is not handed new work again and can
         # run dry; among the rest the least loaded drain, as they empty first).
@@ -92,7 +115,7 @@ class Pool:
         if self.migrator is not None and self.migrator.on_finished(container, requests, now_s):
             requests = [r for r in requests if r.request_id >= 0]
         self.num_finished += len(requests)
-        self._scale(now_s, self.num_outstanding)
+        self._scale(PoolSignal(now_s, self.num_outstanding, finished=requests))
 
     def on_idle(self, container: Container, now_s: float) -> None:
         if self.migrator is not None:

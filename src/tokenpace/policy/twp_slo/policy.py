@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from tokenpace.core.queue import WaitingQueue
 from tokenpace.core.request import Request
 from tokenpace.core.step import StepPlan, StepState
 from tokenpace.engine.latency_model import LatencyModel
@@ -23,6 +24,7 @@ from tokenpace.policy.twp.ranking import ranked, starving_positions
 from tokenpace.policy.twp_slo.config import TwpSloConfig
 from tokenpace.policy.twp_slo.deadline import deadline_order
 from tokenpace.policy.twp_slo.window import RequestWindow
+from tokenpace.policy.window_state import WindowState, request_window_state
 
 
 class TwpSloPolicy:
@@ -264,6 +266,16 @@ class TwpSloPolicy:
         return ranked(
             state.waiting, state.now_s, state.step_index, mean_remaining, cfg.base, excluded,
             self.expected.queue_totals(state.waiting),
+        )  # fmt: skip
+
+    def window_state(self, running: Sequence[Request], waiting: WaitingQueue) -> WindowState:
+        """Read-only: the request window W_t (its admission capacity), the running and
+        waiting counts, for the pool's router and autoscaler."""
+        reserved = self.reservation.reserved_blocks + self.reservation.margin_blocks
+        return request_window_state(
+            float(self.window.capacity()), self.window.smoothed_itl_ms or self.window.reference_ms,
+            self.expected, running, waiting,
+            reserved if self.config.use_kv_reservation else 0.0,
         )  # fmt: skip
 
     def telemetry(self) -> Mapping[str, float]:
