@@ -111,3 +111,20 @@ def test_token_rate_pool_scales_to_zero_after_keep_alive(profile: EngineProfile)
     assert sim.containers[0].container_seconds(1e6) == pytest.approx(last_s + 1.0)
     started_s = sim.containers[1].cold_starts[0].start_s
     assert sim.containers[1].container_seconds(1e6) == pytest.approx(ready_s + 1.0 - started_s)
+
+
+def test_requests_waiting_on_a_loading_container_move_to_a_window_with_room(
+    profile: EngineProfile,
+) -> None:
+    config = PoolConfig(num_containers=2, initial_warm=1, record_steps=False)
+    sim = PoolSimulation("twp_slo", profile, config, np.random.default_rng(0))
+    warm, loading = sim.containers
+    for i in range(3):
+        loading.submit(request(i, 0.0), 0.0)  # starts its cold start; they wait there
+    assert loading.state is ContainerState.LOADING
+    assert sim.pool.balancer is not None
+    assert sim.pool.balancer.on_room(warm, 0.1) == 3
+    assert len(loading.loop.waiting) == 0 and warm.num_outstanding == 3
+    sim.run()
+    assert all(r.container_id == 0 and r.is_done for r in (warm.loop.finished))
+    assert all(r.cold_start_s > 0 for r in warm.loop.finished)  # the 0.1 s they waited there

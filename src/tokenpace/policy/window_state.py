@@ -44,10 +44,14 @@ class WindowState:
 
 @runtime_checkable
 class WindowedPolicy(Protocol):
-    """A policy that reports its window (read-only)."""
+    """A policy that reports its window and its output-length estimate (read-only)."""
 
     def window_state(self, running: Sequence[Request], waiting: WaitingQueue) -> WindowState:
         """The window for these running and waiting requests, after the last ``plan``."""
+        ...
+
+    def expected_output(self, request: Request) -> float | None:
+        """Output tokens expected of ``request`` (None before any request finished)."""
         ...
 
 

@@ -27,12 +27,15 @@ class PoolSignal:
     """What the pool tells its autoscaler at one instant.
 
     ``num_outstanding``: requests waiting or running in the pool (an arriving request
-    included). ``arrival``: the request arriving now (None on a completion). ``finished``:
-    requests that finished now (their output lengths are known)."""
+    included). ``arrival``: the request arriving now (None on a completion).
+    ``arrival_output_tokens``: the output the containers' policies expect of it (their
+    learned estimate; None when they have none). ``finished``: requests that finished now
+    (their output lengths are known)."""
 
     now_s: float
     num_outstanding: int
     arrival: Request | None = None
+    arrival_output_tokens: float | None = None
     finished: Sequence[Request] = ()
 
 
@@ -155,9 +158,11 @@ class TokenRateAutoscaler:
     rate itself, so cold starts begin as a burst arrives, before queues form; the occupancy
     term keeps instances for work already in the pool once arrivals slow.
 
-    Expected output per request: the mean output of finished requests (exponentially
-    weighted, ``output_smoothing``); before any finished, ``prior_output_tokens`` capped by
-    the request's ``max_tokens``.
+    Expected output per request: the policies' own estimate when the pool passes it
+    (``PoolSignal.arrival_output_tokens``: learned from finished requests with running ones
+    censored, so not biased toward the short requests that finish first); otherwise the
+    mean output of finished requests (exponentially weighted, ``output_smoothing``), and
+    before any finished ``prior_output_tokens``, capped by the request's ``max_tokens``.
     """
 
     def __init__(
@@ -165,8 +170,8 @@ class TokenRateAutoscaler:
         capacity: TokenCapacity,
         min_instances: int,
         max_instances: int,
-        utilization: float = 0.9,
-        rate_time_constant_s: float = 1.0,
+        utilization: float = 0.5,
+        rate_time_constant_s: float = 0.5,
         prior_output_tokens: float = 50.0,
         output_smoothing: float = 0.05,
     ) -> None:
@@ -205,7 +210,7 @@ class TokenRateAutoscaler:
         for request in signal.finished:
             self._learn(len(request.token_times_s))
         if signal.arrival is not None:
-            self._arrive(signal.arrival, signal.now_s)
+            self._arrive(signal.arrival, signal.arrival_output_tokens, signal.now_s)
         need = self.demand(signal) / self.utilization
         wanted = math.ceil(need - 1e-9) if need > 0 else 0
         return max(self.min_instances, min(self.max_instances, wanted))
@@ -218,9 +223,9 @@ class TokenRateAutoscaler:
             delta = num_output_tokens - self.mean_output_tokens
             self.mean_output_tokens += self.output_smoothing * delta
 
-    def _arrive(self, request: Request, now_s: float) -> None:
-        expected = self.mean_output_tokens
-        if not self._seen_finished:
+    def _arrive(self, request: Request, expected_output: float | None, now_s: float) -> None:
+        expected = self.mean_output_tokens if expected_output is None else expected_output
+        if expected_output is None and not self._seen_finished:
             expected = min(expected, float(request.max_tokens))
         work = self.capacity.work_s(request.num_prompt_tokens, expected)
         self._rate = self.work_rate(now_s) + work / self.rate_time_constant_s

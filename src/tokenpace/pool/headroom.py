@@ -8,8 +8,10 @@ remaining start-up when it is loading.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tokenpace.core.request import Request
 from tokenpace.policy.window_state import WindowedPolicy
 from tokenpace.runtime.step_loop import StepLoop
 
@@ -46,3 +48,16 @@ def headroom_of(loop: StepLoop) -> Headroom | None:
         # relative to any container that drains.
         wait_s = float("inf")
     return Headroom(fraction, wait_s)
+
+
+def expected_output_of(loops: Sequence[StepLoop], request: Request) -> float | None:
+    """The output tokens the policies of ``loops`` expect of ``request``, averaged over those
+    that have learned an estimate; None when none has (or none keeps a window)."""
+    estimates = []
+    for loop in loops:
+        policy = loop.policy
+        if isinstance(policy, WindowedPolicy):
+            estimate = policy.expected_output(request)
+            if estimate is not None:
+                estimates.append(estimate)
+    return sum(estimates) / len(estimates) if estimates else None

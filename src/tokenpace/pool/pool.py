@@ -7,8 +7,10 @@ from dataclasses import dataclass
 
 from tokenpace.core.request import Request
 from tokenpace.pool.autoscaler import LoadWindow, PoolSignal, ScalingRule
-from tokenpace.pool.container import Container
+from tokenpace.pool.container import Container, ContainerState
+from tokenpace.pool.headroom import expected_output_of
 from tokenpace.pool.migration import Migrator
+from tokenpace.pool.rebalance import QueueBalancer
 from tokenpace.pool.router import Router
 from tokenpace.pool.view import ContainerView, view_of
 
@@ -37,7 +39,9 @@ class Pool:
     beyond that are drained (routers send them no new work), run dry and go cold after
     their keep-alive, unless that would take the pool below ``min_instances``. A drained
     instance is taken back before any cold one is started. Every start the autoscaler
-    triggers is recorded in ``scale_outs``.
+    triggers is recorded in ``scale_outs``. With ``rebalance``, a container whose policy's
+    window has room takes waiting, never-admitted requests from overflowing queues
+    (``QueueBalancer``) whenever a request finishes there or it goes idle.
     """
 
     def __init__(
@@ -47,6 +51,7 @@ class Pool:
         migration_batch_threshold: int,
         migration_overhead_s: float,
         scale_down_window_s: float = 0.0,
+        rebalance: bool = False,
     ) -> None:
         self.router = router
         self.autoscaler = autoscaler
@@ -60,6 +65,7 @@ class Pool:
             else None
         )
         self.num_finished = 0
+        self.balancer = QueueBalancer(self.containers) if rebalance else None
 
     def attach(self, containers: Sequence[Container]) -> None:
         """Set the containers (ids must equal their positions)."""
@@ -80,7 +86,9 @@ class Pool:
 
     def submit(self, request: Request, now_s: float) -> None:
         """Let the autoscaler react to the new load, then route ``request``."""
-        self._scale(PoolSignal(now_s, self.num_outstanding + 1, arrival=request))
+        warm = [c.loop for c in self.containers if c.state is ContainerState.WARM]
+        expected = expected_output_of(warm, request)
+        self._scale(PoolSignal(now_s, self.num_outstanding + 1, request, expected))
         chosen = self.router.route(request, self.views(now_s))
         self.containers[chosen].submit(request, now_s)
 
@@ -116,10 +124,14 @@ class Pool:
             requests = [r for r in requests if r.request_id >= 0]
         self.num_finished += len(requests)
         self._scale(PoolSignal(now_s, self.num_outstanding, finished=requests))
+        if self.balancer is not None:
+            self.balancer.on_room(container, now_s)
 
     def on_idle(self, container: Container, now_s: float) -> None:
         if self.migrator is not None:
             self.migrator.on_idle(container, now_s)
+        if self.balancer is not None:
+            self.balancer.on_room(container, now_s)
 
     def may_retire(self, container: Container) -> bool:
         return self.num_active - 1 >= self.autoscaler.min_instances

@@ -146,6 +146,7 @@ class PoolSimulation:
             pool_config.migration_batch_threshold,
             pool_config.migration_overhead_s,
             pool_config.scale_down_window_s,
+            rebalance=self.setup.router == POOL_SIGNAL_ROUTER,
         )
         self.containers = build_containers(
             self.kernel, self.pool, self.setup.policy, profile, pool_config, rng, slo,

@@ -153,6 +153,13 @@ class TwpPolicy:
         )
         return self.reservation
 
+    def expected_output(self, request: Request) -> float | None:
+        """Read-only: the output tokens this policy expects ``request`` to generate (its
+        learned estimate), or None before it has seen a request finish."""
+        if not self.expected.estimator.num_observed:
+            return None
+        return self.expected.remaining_of(request)
+
     def window_state(self, running: Sequence[Request], waiting: WaitingQueue) -> WindowState:
         """Read-only: H_t, and K_t and the queue in expected output tokens (the learned
         estimate, as the gate uses them), for the pool's router and autoscaler."""

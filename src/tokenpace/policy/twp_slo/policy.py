@@ -268,6 +268,13 @@ class TwpSloPolicy:
             self.expected.queue_totals(state.waiting),
         )  # fmt: skip
 
+    def expected_output(self, request: Request) -> float | None:
+        """Read-only: the output tokens this policy expects ``request`` to generate (its
+        learned estimate), or None before it has seen a request finish."""
+        if not self.expected.estimator.num_observed:
+            return None
+        return self.expected.remaining_of(request)
+
     def window_state(self, running: Sequence[Request], waiting: WaitingQueue) -> WindowState:
         """Read-only: the request window W_t (its admission capacity), the running and
         waiting counts, for the pool's router and autoscaler."""
