@@ -158,6 +158,11 @@ class TokenRateAutoscaler:
     rate itself, so cold starts begin as a burst arrives, before queues form; the occupancy
     term keeps instances for work already in the pool once arrivals slow.
 
+    Defaults: ``utilization`` 0.5 and a 0.5 s time constant, because a cold start (seconds
+    from SSD) outlasts a typical burst: capacity must already stand when the rate rises,
+    not follow it (0.9 and 1 s left 7 requests queued per start and less goodput on the
+    ``burst`` scenario, ``bench/pool_signal.py``).
+
     Expected output per request: the policies' own estimate when the pool passes it
     (``PoolSignal.arrival_output_tokens``: learned from finished requests with running ones
     censored, so not biased toward the short requests that finish first); otherwise the
