@@ -26,8 +26,8 @@ def view(
     return ContainerView(cid, state, 0, requests, tokens, startup_s, wait_s, tier)
 
 
-def test_registry_lists_the_three_routers() -> None:
-    assert ROUTERS.names() == ["least_loaded", "round_robin", "serverlessllm"]
+def test_registry_lists_the_routers() -> None:
+    assert ROUTERS.names() == ["headroom", "least_loaded", "round_robin", "serverlessllm"]
     with pytest.raises(UnknownNameError, match="least_loaded"):
         build_router("random")
 
@@ -71,6 +71,7 @@ def test_serverlessllm_picks_min_startup_plus_queue(profile: EngineProfile) -> N
 
 def test_only_serverlessllm_migrates() -> None:
     assert {n: build_router(n).migrates for n in ROUTERS.names()} == {
+        "headroom": False,
         "least_loaded": False,
         "round_robin": False,
         "serverlessllm": True,

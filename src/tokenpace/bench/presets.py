@@ -28,6 +28,7 @@ from tokenpace.policy import POLICIES
 from tokenpace.policy.twp_slo.policy import ABLATIONS
 from tokenpace.pool.capacity import pool_capacity_rps
 from tokenpace.pool.config import PoolConfig
+from tokenpace.pool.simulate import NO_POOL_SIGNAL
 from tokenpace.workload.main_experiment import PoissonWorkload
 from tokenpace.workload.scenarios import (
     KV_PRESSURE_BLOCKS,
@@ -216,7 +217,9 @@ def _all(options: PlanOptions) -> list[MatrixConfig]:
     return [main_part(options, knees["main"]), *scenario_parts(options, knees)]
 
 
-ABLATION_SCHEDULERS = ("twp", *ABLATIONS)
+# The policy's ablations plus the pool's: twp_slo behind least_loaded + concurrency scaling
+# instead of its own window's signal (pool parts only).
+ABLATION_SCHEDULERS = ("twp", *ABLATIONS, NO_POOL_SIGNAL)
 LOAD_CURVE_FACTORS = (0.3, 0.5, 0.7, 0.9, 1.1, 1.3, 1.5)
 ALPHA_FACTORS = (0.4, 1.0, 2.0)
 
@@ -234,8 +237,8 @@ def _with_schedulers(part: MatrixConfig, names: tuple[str, ...]) -> MatrixConfig
 
 @PRESETS.register("ablations")
 def _ablations(options: PlanOptions) -> list[MatrixConfig]:
-    """twp_slo with each of its four changes switched off on its own, beside twp, on the
-    main experiment and every scenario."""
+    """twp_slo with each of its changes switched off on its own, beside twp, on the main
+    experiment and every scenario; on the pool also without its pool signal."""
     names = options.schedulers or ABLATION_SCHEDULERS
     return [_with_schedulers(p, names) for p in _all(options)]
 

@@ -119,6 +119,14 @@ def run_pool(run: RunRequest) -> RunOutput:
             "num_migrations": float(outcome.num_migrations),
             "computed_tokens": float(outcome.num_computed_tokens),
             "container_seconds": outcome.container_seconds,
+            "num_scale_outs": float(len(outcome.scale_outs)),
+            # Requests queued (not admitted) when the autoscaler started containers: NaN
+            # when it never did.
+            "scale_out_waiting_mean": (
+                sum(s.num_waiting for s in outcome.scale_outs) / len(outcome.scale_outs)
+                if outcome.scale_outs
+                else float("nan")
+            ),
         },
     )
 

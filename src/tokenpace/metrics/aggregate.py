@@ -24,7 +24,7 @@ DISTRIBUTION_METRICS = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
 # Optional per-run counters (present when the engine or pool reports them).
 COUNTER_METRICS = (
     "num_cold_starts", "num_migrations", "computed_tokens", "recomputed_share",
-    "container_seconds", "goodput_per_container_s",
+    "container_seconds", "goodput_per_container_s", "num_scale_outs", "scale_out_waiting_mean",
 )  # fmt: skip
 
 

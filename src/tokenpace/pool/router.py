@@ -100,6 +100,36 @@ class ServerlessLlmRouter:
         return best.container_id
 
 
+class HeadroomRouter:
+    """To the container whose policy has the most window headroom (``pool/headroom.py``):
+    among the containers the autoscaler keeps (warm or loading, not draining), the least
+    estimated wait for room, i.e. remaining start-up plus the window's overflow drained at
+    the batch's pace; ties (every container with room: no wait) go to the largest free
+    share of the window and KV cache, then warm first, lowest id. A loading container thus
+    counts by its start-up wait: it takes work once every warm window is fuller than that
+    wait. A container whose policy keeps no window is ranked as ``least_loaded`` ranks it
+    (start-up plus estimated queue wait, no free share). Cold containers are used only
+    when none is active (the fastest to start wins)."""
+
+    name = "headroom"
+    migrates = False
+
+    def route(self, request: Request, views: Sequence[ContainerView]) -> int:
+        active = [v for v in views if v.state is not ContainerState.COLD and v.accepting]
+        if not active:
+            active = [v for v in views if v.state is not ContainerState.COLD] or list(views)
+        best = min(active, key=_headroom_key)
+        return best.container_id
+
+
+def _headroom_key(view: ContainerView) -> tuple[float, float, int, int]:
+    room = view.headroom
+    rank = _STATE_RANK[view.state]
+    if room is None:
+        return (view.startup_s + view.queue_wait_s, 0.0, rank, view.container_id)
+    return (view.startup_s + room.wait_s, -room.fraction, rank, view.container_id)
+
+
 @ROUTERS.register("round_robin")
 def _round_robin() -> Router:
     return RoundRobinRouter()
@@ -113,6 +143,11 @@ def _least_loaded() -> Router:
 @ROUTERS.register("serverlessllm")
 def _serverlessllm() -> Router:
     return ServerlessLlmRouter()
+
+
+@ROUTERS.register("headroom")
+def _headroom() -> Router:
+    return HeadroomRouter()
 
 
 def build_router(name: str) -> Router:

@@ -1,7 +1,8 @@
 """One scaling decision of a pool, shared by the simulated pool and ``serve``.
 
-The autoscaler (``pool.autoscaler``) says how many instances a load wants; this module
-turns that into which containers start and which drain, from a snapshot of each one.
+The autoscaler (``pool.autoscaler``: a ``ScalingRule``) says how many instances the pool's
+signal wants; this module turns that into which containers start and which drain, from a
+snapshot of each one.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tokenpace.pool.autoscaler import Autoscaler, LoadWindow
+from tokenpace.pool.autoscaler import LoadWindow, PoolSignal, ScalingRule
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,12 +36,12 @@ class ScaleDecision:
 
 
 class PoolScaler:
-    """Scale out on the load of the moment, scale down on the peak load of the last
-    ``scale_down_window_s`` seconds.
+    """Scale out on the signal of the moment, scale down on the most instances wanted over
+    the last ``scale_down_window_s`` seconds.
 
-    At each decision the instances the load wants (``autoscaler.desired``) are compared
+    At each decision the instances the signal wants (``autoscaler.wanted``) are compared
     with the active (warm or loading) ones, and the cold containers that would be ready
-    soonest start. Active instances beyond what the window's peak load needs drain:
+    soonest start. Active instances beyond the window's peak want drain:
     routers send them no new work, so they run dry and go cold after their keep-alive
     (unless that would take the pool below ``min_instances``: ``may_retire``). The open
     containers kept are those with the most work; a draining one stays draining (so it is
@@ -48,17 +49,17 @@ class PoolScaler:
     cold one is started.
     """
 
-    def __init__(self, autoscaler: Autoscaler, scale_down_window_s: float = 0.0) -> None:
+    def __init__(self, autoscaler: ScalingRule, scale_down_window_s: float = 0.0) -> None:
         self.autoscaler = autoscaler
-        self._load = LoadWindow(scale_down_window_s)
+        self._wanted = LoadWindow(scale_down_window_s)
 
-    def decide(
-        self, now_s: float, load: int, containers: Sequence[ScaleCandidate]
-    ) -> ScaleDecision:
-        """The decision for ``load`` outstanding requests at ``now_s`` (seconds)."""
-        self._load.record(now_s, load)
-        wanted = self.autoscaler.desired(load)
-        keep = max(wanted, self.autoscaler.desired(self._load.peak(now_s)))
+    def decide(self, signal: PoolSignal, containers: Sequence[ScaleCandidate]) -> ScaleDecision:
+        """The decision for the pool's ``signal`` (its time, outstanding requests, the
+        arrival or the finished requests)."""
+        now_s = signal.now_s
+        wanted = self.autoscaler.wanted(signal)
+        self._wanted.record(now_s, wanted)
+        keep = max(wanted, self._wanted.peak(now_s))
         active = [c for c in containers if c.is_active]
         missing = wanted - len(active)
         started: list[ScaleCandidate] = []

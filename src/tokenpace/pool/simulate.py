@@ -13,12 +13,13 @@ from tokenpace.engine.profile import EngineProfile
 from tokenpace.engine.sim import SimEngine
 from tokenpace.metrics.slo import Slo
 from tokenpace.policy import POLICIES, build_policy
-from tokenpace.pool.autoscaler import Autoscaler
+from tokenpace.policy.twp_slo.policy import ABLATIONS as TWP_SLO_VARIANTS
+from tokenpace.pool.autoscaler import AUTOSCALERS, build_autoscaler
 from tokenpace.pool.checkpoint import CheckpointStore
 from tokenpace.pool.config import PoolConfig
 from tokenpace.pool.container import ColdStart, Container
 from tokenpace.pool.migration import MigrationRecord
-from tokenpace.pool.pool import Pool
+from tokenpace.pool.pool import Pool, ScaleOut
 from tokenpace.pool.router import ROUTERS, build_router
 from tokenpace.runtime.step_loop import StepLoop, StepRecord
 from tokenpace.sim.kernel import EventKernel
@@ -26,43 +27,60 @@ from tokenpace.sim.server import PRIORITY_ARRIVAL
 from tokenpace.workload.spec import RequestSpec, to_requests, true_output_lengths
 
 DEFAULT_ROUTER = "least_loaded"
+DEFAULT_AUTOSCALER = "concurrency"
+# twp_slo and its ablations on the pool: the router and autoscaler read the policy's own
+# window and token demand; the ablation ``twp_slo-no_pool_signal`` runs twp_slo behind the
+# baselines' pair instead.
+POOL_SIGNAL_ROUTER = "headroom"
+POOL_SIGNAL_AUTOSCALER = "token_rate"
+POOL_SIGNAL_POLICIES = frozenset(TWP_SLO_VARIANTS)
+NO_POOL_SIGNAL = "twp_slo-no_pool_signal"
 
 
 @dataclass(frozen=True, slots=True)
 class SchedulerSetup:
     """What a scheduler name in results means on the pool: the admission policy inside
-    every container and the router in front of them."""
+    every container, the router in front of them and the autoscaler sizing the pool."""
 
     scheduler: str
     policy: str
     router: str
+    autoscaler: str = DEFAULT_AUTOSCALER
 
 
 # The paper's two routing baselines run FCFS admission inside containers.
 _ROUTER_SCHEDULERS = {"round_robin": "fcfs", "serverlessllm": "fcfs"}
+# Pool-level ablations: name -> the policy they run (behind the default router/autoscaler).
+_POOL_ABLATIONS = {NO_POOL_SIGNAL: "twp_slo"}
 
 
 def scheduler_names() -> list[str]:
-    """Every name ``simulate_pool`` accepts: the policies plus the routing baselines."""
-    return sorted({*POLICIES.names(), *_ROUTER_SCHEDULERS})
+    """Every name ``simulate_pool`` accepts: the policies, the routing baselines and the
+    pool-level ablations."""
+    return sorted({*POLICIES.names(), *_ROUTER_SCHEDULERS, *_POOL_ABLATIONS})
 
 
 def resolve_scheduler(name: str, router: str | None = None) -> SchedulerSetup:
-    """``round_robin`` and ``serverlessllm`` are FCFS behind that router; any policy name
-    runs behind ``router`` (default ``least_loaded``). Raises ValueError for an unknown
-    name or a router that contradicts a routing baseline's own."""
+    """``round_robin`` and ``serverlessllm`` are FCFS behind that router; twp_slo and its
+    ablations run behind ``router`` (default ``headroom``) with the ``token_rate``
+    autoscaler; ``twp_slo-no_pool_signal`` and every other policy behind ``router``
+    (default ``least_loaded``) with the ``concurrency`` autoscaler. Raises ValueError for
+    an unknown name or a router that contradicts a routing baseline's own."""
     if name in _ROUTER_SCHEDULERS:
         if router is not None and router != name:
             raise ValueError(f"scheduler {name!r} is its own router; got router {router!r}")
         return SchedulerSetup(name, _ROUTER_SCHEDULERS[name], name)
-    if name not in POLICIES:
+    if name not in POLICIES and name not in _POOL_ABLATIONS:
         raise ValueError(
             f"unknown scheduler {name!r}; valid choices: {', '.join(scheduler_names())}"
         )
-    chosen = router or DEFAULT_ROUTER
+    signal = name in POOL_SIGNAL_POLICIES
+    chosen = router or (POOL_SIGNAL_ROUTER if signal else DEFAULT_ROUTER)
     if chosen not in ROUTERS:
         raise ValueError(f"unknown router {chosen!r}; valid choices: {', '.join(ROUTERS.names())}")
-    return SchedulerSetup(name, name, chosen)
+    autoscaler = POOL_SIGNAL_AUTOSCALER if signal else DEFAULT_AUTOSCALER
+    assert autoscaler in AUTOSCALERS
+    return SchedulerSetup(name, _POOL_ABLATIONS.get(name, name), chosen, autoscaler)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +93,7 @@ class PoolOutcome:
     request finished (virtual seconds from the first arrival's clock origin).
     ``container_seconds``: loading or warm time summed over containers up to ``end_s`` (the
     serverless bill). ``num_computed_tokens``: tokens the engines computed, recompute and
-    migration re-prefill included.
+    migration re-prefill included. ``scale_outs``: the autoscaler's starts, in time order.
     """
 
     setup: SchedulerSetup
@@ -88,6 +106,7 @@ class PoolOutcome:
     num_events: int
     container_seconds: float = 0.0
     num_computed_tokens: int = 0
+    scale_outs: tuple[ScaleOut, ...] = ()
 
     @property
     def num_cold_starts(self) -> int:
@@ -123,14 +142,11 @@ class PoolSimulation:
         self.output_lengths: dict[int, int] = {}
         self.pool = Pool(
             build_router(self.setup.router),
-            Autoscaler(
-                pool_config.target_per_instance,
-                pool_config.min_instances,
-                pool_config.instance_ceiling,
-            ),
+            build_autoscaler(self.setup.autoscaler, pool_config, profile, slo),
             pool_config.migration_batch_threshold,
             pool_config.migration_overhead_s,
             pool_config.scale_down_window_s,
+            rebalance=self.setup.router == POOL_SIGNAL_ROUTER,
         )
         self.containers = build_containers(
             self.kernel, self.pool, self.setup.policy, profile, pool_config, rng, slo,
@@ -180,6 +196,7 @@ class PoolSimulation:
             num_events=self.kernel.num_events_handled,
             container_seconds=sum(c.container_seconds(end_s) for c in self.containers),
             num_computed_tokens=sum(c.loop.num_computed_tokens for c in self.containers),
+            scale_outs=tuple(self.pool.scale_outs),
         )
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from tokenpace.core.lifecycle import ContainerState
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.pool.container import Container
+from tokenpace.pool.headroom import Headroom, headroom_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,6 +20,7 @@ class ContainerView:
     ``checkpoint_tier`` when cold). ``queue_wait_s``: estimated seconds of work already
     queued (see ``estimate_queue_wait_s``). ``accepting``: False while the autoscaler
     drains the container (a surplus instance); routers that follow the autoscaler skip it.
+    ``headroom``: its policy's window headroom (None when the policy keeps no window).
     """
 
     container_id: int
@@ -30,6 +32,7 @@ class ContainerView:
     queue_wait_s: float
     checkpoint_tier: str
     accepting: bool = True
+    headroom: Headroom | None = None
 
     @property
     def num_outstanding(self) -> int:
@@ -73,4 +76,5 @@ def view_of(container: Container, now_s: float) -> ContainerView:
         ),
         checkpoint_tier=tier,
         accepting=not container.draining,
+        headroom=headroom_of(loop),
     )

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from tokenpace.core.lifecycle import ContainerState
+from tokenpace.pool.autoscaler import PoolSignal
 from tokenpace.pool.router import Router
 from tokenpace.pool.scaling import PoolScaler, ScaleCandidate
 from tokenpace.pool.view import ContainerView
@@ -157,7 +158,7 @@ class ServerPool:
             )
             for s in snapshots
         ]
-        decision = self.scaler.decide(self._clock(), load, candidates)
+        decision = self.scaler.decide(PoolSignal(self._clock(), load), candidates)
         for container_id in decision.start_ids:
             self.containers[container_id].start_load()
         for container_id, draining in decision.draining.items():

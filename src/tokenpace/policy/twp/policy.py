@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
+from tokenpace.core.queue import WaitingQueue
+from tokenpace.core.request import Request
 from tokenpace.core.running import RunningColumns
 from tokenpace.core.step import StepPlan, StepState
 from tokenpace.engine.profile import EngineProfile
@@ -21,6 +23,7 @@ from tokenpace.policy.twp.kv_guard import KvHeadroomGuard
 from tokenpace.policy.twp.kv_reservation import KvReservation
 from tokenpace.policy.twp.ranking import ranked, starving_positions
 from tokenpace.policy.twp.window import WindowController
+from tokenpace.policy.window_state import WindowState, token_window_state
 
 
 class TwpPolicy:
@@ -143,6 +146,22 @@ class TwpPolicy:
             final_tokens, self.expected.error_tokens, state.num_total_blocks, state.block_size
         )
         return self.reservation
+
+    def expected_output(self, request: Request) -> float | None:
+        """Read-only: the output tokens this policy expects ``request`` to generate (its
+        learned estimate), or None before it has seen a request finish."""
+        if not self.expected.estimator.num_observed:
+            return None
+        return self.expected.remaining_of(request)
+
+    def window_state(self, running: Sequence[Request], waiting: WaitingQueue) -> WindowState:
+        """Read-only: H_t, and K_t and the queue in expected output tokens (the learned
+        estimate, as the gate uses them), for the pool's router and autoscaler."""
+        reserved = self.reservation.reserved_blocks + self.reservation.margin_blocks
+        return token_window_state(
+            self.window.window, self.window.smoothed_itl_ms, self.expected, running, waiting,
+            reserved if self.config.use_kv_reservation else 0.0,
+        )  # fmt: skip
 
     def telemetry(self) -> Mapping[str, float]:
         return {

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from tokenpace.core.queue import WaitingQueue
 from tokenpace.core.request import Request
 from tokenpace.core.running import RunningColumns
 from tokenpace.core.step import StepPlan, StepState
@@ -25,6 +26,7 @@ from tokenpace.policy.twp_slo.config import TwpSloConfig
 from tokenpace.policy.twp_slo.deadline import deadline_order
 from tokenpace.policy.twp_slo.prefill_budget import PrefillBudget
 from tokenpace.policy.twp_slo.window import RequestWindow
+from tokenpace.policy.window_state import WindowState, request_window_state
 
 
 class TwpSloPolicy:
@@ -245,6 +247,23 @@ class TwpSloPolicy:
         return ranked(
             state.waiting, state.now_s, state.step_index, mean_remaining, cfg.base, excluded,
             self.expected.queue_totals(state.waiting),
+        )  # fmt: skip
+
+    def expected_output(self, request: Request) -> float | None:
+        """Read-only: the output tokens this policy expects ``request`` to generate (its
+        learned estimate), or None before it has seen a request finish."""
+        if not self.expected.estimator.num_observed:
+            return None
+        return self.expected.remaining_of(request)
+
+    def window_state(self, running: Sequence[Request], waiting: WaitingQueue) -> WindowState:
+        """Read-only: the request window W_t (its admission capacity), the running and
+        waiting counts, for the pool's router and autoscaler."""
+        reserved = self.reservation.reserved_blocks + self.reservation.margin_blocks
+        return request_window_state(
+            float(self.window.capacity()), self.window.smoothed_itl_ms or self.window.reference_ms,
+            self.expected, running, waiting,
+            reserved if self.config.use_kv_reservation else 0.0,
         )  # fmt: skip
 
     def telemetry(self) -> Mapping[str, float]:

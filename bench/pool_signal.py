@@ -1,0 +1,124 @@
+"""twp_slo behind the pool signal (headroom router + token_rate autoscaler) against the pool
+baselines, on the ``burst`` scenario and optionally a replayed trace at a multiple of its knee.
+
+Every pool scheduler of the bench (baselines behind ``least_loaded`` + concurrency scaling,
+routing baselines behind their own routers) runs beside ``twp_slo`` and its ablation
+``twp_slo-no_pool_signal`` (twp_slo behind least_loaded + concurrency scaling), over
+``--seeds`` seeds with 95% confidence intervals, on the autoscaled pool of ``tokenpace bench``
+(capacity measured first, cached). Reported per workload: container-seconds, goodput, p99
+TTFT, cold starts and the mean number of requests queued when the autoscaler started a
+container; ratios against the best baseline (the lowest container-seconds, the highest
+goodput). Prints one JSON object on its last line.
+
+Example: ``python bench/pool_signal.py --seeds 10 --trace data/AzureLLMInferenceTrace_conv.csv``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from tokenpace.bench.capacity import measure_capacities
+from tokenpace.bench.matrix import MatrixConfig, run_matrix
+from tokenpace.bench.presets import POOL_SCHEDULERS, PlanOptions, capacity_jobs, scenario_parts
+from tokenpace.core.cache import default_cache_dir
+from tokenpace.engine.profile import load_profile
+from tokenpace.metrics.aggregate import summarize
+from tokenpace.metrics.slo import Slo
+from tokenpace.pool.config import PoolConfig
+from tokenpace.pool.simulate import NO_POOL_SIGNAL
+from tokenpace.workload.traces import TraceOptions
+
+OURS = ("twp_slo", NO_POOL_SIGNAL)
+BASELINES = tuple(n for n in POOL_SCHEDULERS if n not in ("twp", "twp_slo"))
+METRICS = (
+    ("container_seconds", ("container_seconds",)),
+    ("goodput_rps", ("goodput_rps",)),
+    ("ttft_p99_ms", ("ttft_ms", "p99")),
+    ("itl_p99_ms", ("itl_ms", "p99")),
+    ("cold_starts", ("num_cold_starts",)),
+    ("queued_at_scale_out", ("scale_out_waiting_mean",)),
+)
+
+
+def parts(args: argparse.Namespace, options: PlanOptions) -> list[MatrixConfig]:
+    knees = measure_capacities(capacity_jobs(options, False, True), options.cache_dir)
+    chosen = []
+    for part in scenario_parts(options, knees):
+        burst = tuple(w for w in part.workloads if w.name == "burst")
+        if burst:
+            chosen.append(replace(part, workloads=burst, per_workload_figures=False))
+    if args.trace is not None:
+        from tokenpace.cli import trace_part  # the CLI's --trace replay, knee included
+
+        trace_options = TraceOptions(max_requests=args.trace_max_requests)
+        part, _ = trace_part(args.trace, "azure", trace_options, args.trace_load, options)
+        chosen.append(part)
+    return chosen
+
+
+def row(entry: dict[str, Any]) -> dict[str, dict[str, float]]:
+    out = {}
+    for name, path in METRICS:
+        stat: Any = entry
+        for key in path:
+            stat = stat.get(key, {}) if isinstance(stat, dict) else {}
+        out[name] = {"mean": stat.get("mean", math.nan), "ci95": stat.get("ci95", math.nan)}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, default=10, help="Seeds per cell.")
+    parser.add_argument("--workers", type=int, default=2, help="Worker processes.")
+    parser.add_argument("--trace", type=Path, default=None, help="Azure-format trace CSV.")
+    parser.add_argument("--trace-load", type=float, default=1.2, help="Multiple of its knee.")
+    parser.add_argument(
+        "--trace-max-requests", type=int, default=None, help="Replay at most this many rows."
+    )
+    args = parser.parse_args()
+    if args.seeds < 1 or args.workers < 1 or args.trace_load <= 0:
+        parser.error("--seeds, --workers and --trace-load must be positive")
+    options = PlanOptions(
+        schedulers=(*POOL_SCHEDULERS, NO_POOL_SIGNAL),
+        seeds=tuple(range(args.seeds)),
+        profile=load_profile("v100-llama-3.2-3b"),
+        slo=Slo(),
+        pool=PoolConfig(),
+        cache_dir=default_cache_dir(),
+    )
+    results = run_matrix(parts(args, options), workers=args.workers)
+    summary = summarize([r.run for r in results])
+    report: dict[str, Any] = {"seeds": args.seeds, "workloads": {}}
+    for workload in dict.fromkeys(e["workload"] for e in summary):
+        rows = {e["scheduler"]: row(e) for e in summary if e["workload"] == workload}
+        best_cs = min(BASELINES, key=lambda n: rows[n]["container_seconds"]["mean"])
+        best_good = max(BASELINES, key=lambda n: rows[n]["goodput_rps"]["mean"])
+        print(f"\n{workload}", file=sys.stderr)
+        for name, metrics in rows.items():
+            cells = "  ".join(f"{k}={v['mean']:.2f}±{v['ci95']:.2f}" for k, v in metrics.items())
+            print(f"  {name:24s} {cells}", file=sys.stderr)
+        entry: dict[str, Any] = {
+            "best_baseline_container_seconds": best_cs,
+            "best_baseline_goodput": best_good,
+            "rows": rows,
+        }
+        for name in OURS:
+            ours = rows[name]
+            entry[name] = {
+                "container_seconds_ratio": ours["container_seconds"]["mean"]
+                / rows[best_cs]["container_seconds"]["mean"],
+                "goodput_ratio": ours["goodput_rps"]["mean"]
+                / rows[best_good]["goodput_rps"]["mean"],
+            }
+        report["workloads"][workload] = entry
+    print(json.dumps(report, default=float))
+
+
+if __name__ == "__main__":
+    main()

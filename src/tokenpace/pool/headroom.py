@@ -1,0 +1,63 @@
+"""Window headroom of one container, read from its policy's own window (``WindowState``).
+
+What the ``headroom`` router compares: the share of the policy's window (and of its KV
+cache) still free once its queue is admitted, and the seconds a new request would wait for
+room: the window's overflow drained at the batch's measured pace, plus the container's
+remaining start-up when it is loading.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tokenpace.core.request import Request
+from tokenpace.policy.window_state import WindowedPolicy
+from tokenpace.runtime.step_loop import StepLoop
+
+
+@dataclass(frozen=True, slots=True)
+class Headroom:
+    """``fraction``: free share of the window after the queue, capped by the free share of
+    the KV cache beyond the running batch's reservation (1 = empty, < 0 = the queue
+    overflows the window). ``wait_s``: estimated seconds until the window has room for one
+    more request (0 when it has room now); start-up is not included."""
+
+    fraction: float
+    wait_s: float
+
+
+def headroom_of(loop: StepLoop) -> Headroom | None:
+    """The headroom of ``loop``'s policy, or None when the policy keeps no window."""
+    policy = loop.policy
+    if not isinstance(policy, WindowedPolicy):
+        return None
+    state = policy.window_state(loop.running, loop.waiting)
+    total = loop.engine.num_total_blocks
+    used = max(total - loop.engine.num_free_blocks, state.kv_reserved_blocks)
+    kv_fraction = 1.0 - used / total if total else 0.0
+    free = state.free
+    fraction = min(free / state.window if state.window > 0 else 0.0, kv_fraction)
+    if free >= 0:
+        wait_s = 0.0
+    elif state.drain_per_s > 0:
+        wait_s = -free / state.drain_per_s
+    else:
+        # Nothing runs yet the queue overflows the window: one window is admitted at the
+        # next step, the rest waits at least a window's turnover; count it as unbounded
+        # relative to any container that drains.
+        wait_s = float("inf")
+    return Headroom(fraction, wait_s)
+
+
+def expected_output_of(loops: Sequence[StepLoop], request: Request) -> float | None:
+    """The output tokens the policies of ``loops`` expect of ``request``, averaged over those
+    that have learned an estimate; None when none has (or none keeps a window)."""
+    estimates = []
+    for loop in loops:
+        policy = loop.policy
+        if isinstance(policy, WindowedPolicy):
+            estimate = policy.expected_output(request)
+            if estimate is not None:
+                estimates.append(estimate)
+    return sum(estimates) / len(estimates) if estimates else None

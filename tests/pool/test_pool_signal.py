@@ -1,0 +1,130 @@
+"""The pool signal: the headroom router and the token-rate autoscaler read the policy's own
+window and token demand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tokenpace.core.request import Request
+from tokenpace.engine.profile import EngineProfile
+from tokenpace.metrics.slo import Slo
+from tokenpace.pool.autoscaler import PoolSignal, TokenCapacity, TokenRateAutoscaler
+from tokenpace.pool.config import PoolConfig
+from tokenpace.pool.container import ContainerState
+from tokenpace.pool.headroom import Headroom
+from tokenpace.pool.router import build_router
+from tokenpace.pool.simulate import PoolSimulation, resolve_scheduler
+from tokenpace.pool.view import ContainerView
+from tokenpace.workload.spec import RequestSpec
+
+WARM, LOADING = ContainerState.WARM, ContainerState.LOADING
+
+
+def request(request_id: int, arrival_s: float, prompt: int = 50, max_tokens: int = 20) -> Request:
+    return Request(request_id, num_prompt_tokens=prompt, max_tokens=max_tokens, arrival_s=arrival_s)
+
+
+def test_twp_slo_runs_behind_the_pool_signal_and_its_ablation_behind_the_baselines() -> None:
+    setup = resolve_scheduler("twp_slo")
+    assert (setup.policy, setup.router, setup.autoscaler) == ("twp_slo", "headroom", "token_rate")
+    ablation = resolve_scheduler("twp_slo-no_pool_signal")
+    assert (ablation.policy, ablation.router, ablation.autoscaler) == (
+        "twp_slo", "least_loaded", "concurrency",
+    )  # fmt: skip
+    assert resolve_scheduler("vllm_default").autoscaler == "concurrency"
+
+
+def test_headroom_router_counts_a_loading_container_by_its_startup_wait() -> None:
+    def view(
+        cid: int, state: ContainerState, fraction: float, wait_s: float, startup_s: float
+    ) -> ContainerView:
+        return ContainerView(cid, state, 0, 0, 0, startup_s, 0.0, "gpu", True,
+                             Headroom(fraction, wait_s))  # fmt: skip
+
+    router = build_router("headroom")
+    roomy = [view(0, WARM, 0.2, 0.0, 0.0), view(1, WARM, 0.6, 0.0, 0.0)]
+    assert router.route(request(0, 0.0), roomy) == 1
+    # Both warm windows full: the loading one (1 s left) beats a 3 s wait for room, not a
+    # 0.5 s one.
+    full = [view(0, WARM, -0.5, 3.0, 0.0), view(1, LOADING, 1.0, 0.0, 1.0)]
+    assert router.route(request(0, 0.0), full) == 1
+    full[0] = view(0, WARM, -0.1, 0.5, 0.0)
+    assert router.route(request(0, 0.0), full) == 0
+
+
+def test_headroom_router_sends_work_to_the_emptier_window(profile: EngineProfile) -> None:
+    # Two warm twp_slo containers; container 0 already runs six requests. The policy's
+    # window there has less room, so the next request goes to container 1.
+    config = PoolConfig(num_containers=2, initial_warm=2, record_steps=False)
+    sim = PoolSimulation("twp_slo", profile, config, np.random.default_rng(0))
+    for i in range(6):
+        sim.containers[0].submit(request(i, 0.0, max_tokens=200), 0.0)
+    sim.run(until_s=0.5)
+    views = sim.pool.views(0.5)
+    assert views[0].headroom is not None and views[1].headroom is not None
+    assert views[0].headroom.fraction < views[1].headroom.fraction
+    assert sim.pool.router.route(request(9, 0.5), views) == 1
+
+
+def test_token_rate_scales_out_on_demand_before_any_queue(profile: EngineProfile) -> None:
+    capacity = TokenCapacity.from_profile(profile, Slo())
+    per_request_s = capacity.work_s(50, 20)
+    rate = 1.5 / per_request_s  # arrivals bringing 1.5 instances' worth of work per second
+    scaler = TokenRateAutoscaler(capacity, 0, 4, utilization=1.0, prior_output_tokens=20)
+    wanted = [
+        scaler.wanted(PoolSignal(i / rate, num_outstanding=1, arrival=request(i, i / rate)))
+        for i in range(int(5 * rate))
+    ]
+    # One request outstanding at a time (no queue): the concurrency rule would want one.
+    assert wanted[0] == 1 and wanted[-1] == 2
+    assert scaler.work_rate(5.0) == pytest.approx(1.5, rel=0.1)
+
+
+def test_token_rate_pool_starts_a_container_while_nothing_waits(profile: EngineProfile) -> None:
+    # One warm container; short requests arriving at 1.5x one instance's token capacity.
+    # The first cold start begins while no request is queued anywhere.
+    capacity = TokenCapacity.from_profile(profile, Slo())
+    gap_s = capacity.work_s(50, 20) / 1.5
+    config = PoolConfig(num_containers=3, initial_warm=1, record_steps=False)
+    sim = PoolSimulation("twp_slo", profile, config, np.random.default_rng(0))
+    sim.add_arrivals([RequestSpec(i * gap_s, 50, 20) for i in range(400)])
+    sim.run()
+    scale_outs = sim.pool.scale_outs
+    assert scale_outs and scale_outs[0].num_waiting == 0
+    assert scale_outs[0].time_s < 2.0
+
+
+def test_token_rate_pool_scales_to_zero_after_keep_alive(profile: EngineProfile) -> None:
+    # A short burst makes the autoscaler start the second container; once the work is done
+    # every container goes cold one keep-alive after it last had work (a started one after
+    # its load completes), and the bill stops there.
+    config = PoolConfig(num_containers=2, initial_warm=1, keep_alive_s=1.0,
+                        scale_down_window_s=0.5, record_steps=False)  # fmt: skip
+    sim = PoolSimulation("twp_slo", profile, config, np.random.default_rng(0))
+    sim.add_arrivals([RequestSpec(0.01 * i, 50, 20) for i in range(40)])
+    sim.run()
+    assert len(sim.pool.scale_outs) == 1
+    last_s = max(r.finished_s or 0.0 for r in sim.requests)
+    ready_s = max(s.ready_s for c in sim.containers for s in c.cold_starts)
+    assert all(c.state is ContainerState.COLD for c in sim.containers)
+    assert sim.containers[0].container_seconds(1e6) == pytest.approx(last_s + 1.0)
+    started_s = sim.containers[1].cold_starts[0].start_s
+    assert sim.containers[1].container_seconds(1e6) == pytest.approx(ready_s + 1.0 - started_s)
+
+
+def test_requests_waiting_on_a_loading_container_move_to_a_window_with_room(
+    profile: EngineProfile,
+) -> None:
+    config = PoolConfig(num_containers=2, initial_warm=1, record_steps=False)
+    sim = PoolSimulation("twp_slo", profile, config, np.random.default_rng(0))
+    warm, loading = sim.containers
+    for i in range(3):
+        loading.submit(request(i, 0.0), 0.0)  # starts its cold start; they wait there
+    assert loading.state is ContainerState.LOADING
+    assert sim.pool.balancer is not None
+    assert sim.pool.balancer.on_room(warm, 0.1) == 3
+    assert len(loading.loop.waiting) == 0 and warm.num_outstanding == 3
+    sim.run()
+    assert all(r.container_id == 0 and r.is_done for r in (warm.loop.finished))
+    assert all(r.cold_start_s > 0 for r in warm.loop.finished)  # the 0.1 s they waited there
