@@ -15,24 +15,24 @@ Example: ``python bench/pool_signal.py --seeds 10 --trace data/AzureLLMInference
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from tokenpace.bench.capacity import measure_capacities
 from tokenpace.bench.matrix import MatrixConfig, run_matrix
 from tokenpace.bench.presets import POOL_SCHEDULERS, PlanOptions, capacity_jobs, scenario_parts
+from tokenpace.cli.command import run_command
 from tokenpace.core.cache import default_cache_dir
+from tokenpace.core.config import option, require_positive
 from tokenpace.engine.profile import load_profile
 from tokenpace.metrics.aggregate import summarize
 from tokenpace.metrics.slo import Slo
 from tokenpace.pool.config import PoolConfig
 from tokenpace.pool.simulate import NO_POOL_SIGNAL
-from tokenpace.workload.traces import TraceOptions
 
 OURS = ("twp_slo", NO_POOL_SIGNAL)
 BASELINES = tuple(n for n in POOL_SCHEDULERS if n not in ("twp", "twp_slo"))
@@ -46,7 +46,21 @@ METRICS = (
 )
 
 
-def parts(args: argparse.Namespace, options: PlanOptions) -> list[MatrixConfig]:
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """The flags of ``bench/pool_signal.py``."""
+
+    seeds: int = option(10, "Seeds per cell.")
+    workers: int = option(2, "Worker processes.")
+    trace: Path | None = option(None, "Azure-format trace CSV.")
+    trace_load: float = option(1.2, "Multiple of the trace's knee.")
+    trace_max_requests: int | None = option(None, "Replay at most this many rows.")
+
+    def __post_init__(self) -> None:
+        require_positive(self, "seeds", "workers", "trace_load")
+
+
+def parts(args: Settings, options: PlanOptions) -> list[MatrixConfig]:
     knees = measure_capacities(capacity_jobs(options, False, True), options.cache_dir)
     chosen = []
     for part in scenario_parts(options, knees):
@@ -54,10 +68,15 @@ def parts(args: argparse.Namespace, options: PlanOptions) -> list[MatrixConfig]:
         if burst:
             chosen.append(replace(part, workloads=burst, per_workload_figures=False))
     if args.trace is not None:
-        from tokenpace.cli import trace_part  # the CLI's --trace replay, knee included
+        # The CLI's --trace replay, knee included.
+        from tokenpace.cli.bench_options import BenchOptions
+        from tokenpace.cli.bench_trace import trace_part
 
-        trace_options = TraceOptions(max_requests=args.trace_max_requests)
-        part, _ = trace_part(args.trace, "azure", trace_options, args.trace_load, options)
+        bench = BenchOptions(
+            trace=args.trace, trace_format="azure", trace_load=args.trace_load,
+            trace_max_requests=args.trace_max_requests,
+        )  # fmt: skip
+        part, _ = trace_part(bench, options)
         chosen.append(part)
     return chosen
 
@@ -73,17 +92,11 @@ def row(entry: dict[str, Any]) -> dict[str, dict[str, float]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", type=int, default=10, help="Seeds per cell.")
-    parser.add_argument("--workers", type=int, default=2, help="Worker processes.")
-    parser.add_argument("--trace", type=Path, default=None, help="Azure-format trace CSV.")
-    parser.add_argument("--trace-load", type=float, default=1.2, help="Multiple of its knee.")
-    parser.add_argument(
-        "--trace-max-requests", type=int, default=None, help="Replay at most this many rows."
-    )
-    args = parser.parse_args()
-    if args.seeds < 1 or args.workers < 1 or args.trace_load <= 0:
-        parser.error("--seeds, --workers and --trace-load must be positive")
+    run_command(Settings, run, sys.argv[1:], prog="bench/pool_signal.py", description=__doc__)
+
+
+def run(args: Settings) -> None:
+    """Run burst (and the trace) for every pool scheduler; print the JSON line."""
     options = PlanOptions(
         schedulers=(*POOL_SCHEDULERS, NO_POOL_SIGNAL),
         seeds=tuple(range(args.seeds)),

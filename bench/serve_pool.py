@@ -15,7 +15,6 @@ the unmigrated reference. Prints one JSON object on its last line.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -26,8 +25,12 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import httpx
+
+from tokenpace.cli.command import run_command
+from tokenpace.core.config import option, require_positive
 
 MODEL = "smollm2-135m-instruct"
 PROMPTS = (
@@ -114,18 +117,31 @@ def complete(url: str, prompt: str, max_tokens: int) -> tuple[str, int, bool]:
     return text, tokens, usage == max_tokens
 
 
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """The flags of ``bench/serve_pool.py``."""
+
+    requests: int = option(8, "Requests in the burst.")
+    max_tokens: int = option(96, "Tokens per request.")
+    spacing: float = option(0.2, "Seconds between arrivals.")
+    target_per_container: float = option(2.0, "serve's autoscaler target per container.")
+    migration_batch_threshold: int = option(2, "serve's live-migration batch threshold.")
+    zero_timeout: float = option(90.0, "Seconds to wait for the pool to reach zero.")
+    start_timeout: float = option(300.0, "Seconds the server may take to start.")
+
+    def __post_init__(self) -> None:
+        require_positive(
+            self, "requests", "max_tokens", "spacing", "target_per_container",
+            "migration_batch_threshold", "zero_timeout", "start_timeout",
+        )  # fmt: skip
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=8, help="Requests in the burst.")
-    parser.add_argument("--max-tokens", type=int, default=96, help="Tokens per request.")
-    parser.add_argument("--spacing", type=float, default=0.2, help="Seconds between arrivals.")
-    parser.add_argument("--target-per-container", type=float, default=2.0)
-    parser.add_argument("--migration-batch-threshold", type=int, default=2)
-    parser.add_argument("--zero-timeout", type=float, default=90.0, help="Seconds to wait.")
-    parser.add_argument(
-        "--start-timeout", type=float, default=300.0, help="Seconds the server may take to start."
-    )
-    args = parser.parse_args()
+    run_command(Settings, run, sys.argv[1:], prog="bench/serve_pool.py", description=__doc__)
+
+
+def run(args: Settings) -> None:
+    """Run the burst against a three-container serve pool; print the JSON line."""
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -135,7 +151,7 @@ def main() -> None:
         "--router", "serverlessllm", "--scheduler", "fcfs", "--dtype", "float32",
         "--target-per-container", str(args.target_per_container),
         "--migration-batch-threshold", str(args.migration_batch_threshold),
-        "--log-level", "warning",
+        "--uvicorn-log-level", "warning",
     ]  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_WAIT_POLICY": "PASSIVE"}
     started = time.monotonic()
