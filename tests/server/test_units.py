@@ -107,16 +107,34 @@ def test_serve_flags_follow_vllm_names_and_read_a_config_file(tmp_path: Path) ->
 
     argv = ["--host", "0.0.0.0", "--port", "9000", "--max-num-seqs", "8", "--dtype", "float32",
             "--max-model-len", "512", "--served-model-name", "m", "--uvicorn-log-level", "debug",
-            "--keep-alive", "5", "--containers", "2"]  # fmt: skip
+            "--keep-alive", "5", "--containers", "2", "--block-size", "64",
+            "--max-num-batched-tokens", "4096", "--seed", "7",
+            "--tokenizer", str(tmp_path)]  # fmt: skip
     options = parse_config(ServeOptions, argv, prog="t").config
     assert options == ServeOptions(
         host="0.0.0.0", port=9000, max_num_seqs=8, dtype="float32", max_model_len=512,
         served_model_name="m", log_level="debug", keep_alive_s=5.0, containers=2,
+        block_size=64, max_num_batched_tokens=4096, seed=7, tokenizer=tmp_path,
     )  # fmt: skip
     path = tmp_path / "serve.yaml"
     path.write_text(dump_config(options))
     assert "uvicorn-log-level: debug" in path.read_text()
     assert parse_config(ServeOptions, ["--config", str(path)], prog="t").config == options
+
+
+def test_engine_configs_take_the_vllm_named_settings(tmp_path: Path) -> None:
+    from tokenpace.server.engines import ENGINE_CONFIGS
+    from tokenpace.server.options import ServeOptions
+
+    config = {"num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576}
+    (tmp_path / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 30}))
+    options = ServeOptions(block_size=64, max_num_batched_tokens=4096, seed=7)
+    native: Any = ENGINE_CONFIGS.get("native")(options, tmp_path)
+    assert native.block_size == 64
+    vllm: Any = ENGINE_CONFIGS.get("vllm")(options, tmp_path)
+    assert (vllm.block_size, vllm.max_num_batched_tokens, vllm.seed) == (64, 4096, 7)
+    defaults: Any = ENGINE_CONFIGS.get("vllm")(ServeOptions(), tmp_path)
+    assert (defaults.block_size, defaults.max_num_batched_tokens, defaults.seed) == (32, 2048, 0)
 
 
 def test_vllm_kv_budget_follows_the_model_shape(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ ENGINE_CONFIGS: Registry[EngineConfigBuilder] = Registry("engine")
 def native_config(options: ServeOptions) -> Any:
     from tokenpace.engine.native import NativeEngineConfig
 
-    return NativeEngineConfig(
+    config = NativeEngineConfig(
         model=options.model,
         cache_dir=options.cache_dir,
         dtype=options.dtype,
@@ -35,6 +36,9 @@ def native_config(options: ServeOptions) -> Any:
         max_model_len=options.max_model_len,
         max_num_seqs=options.max_num_seqs,
     )
+    if options.block_size is not None:
+        config = replace(config, block_size=options.block_size)
+    return config
 
 
 def prepare_checkpoint(options: ServeOptions) -> Path:
@@ -80,7 +84,8 @@ def _vllm(options: ServeOptions, checkpoint_dir: Path) -> object:
         dtype=options.dtype,
         max_model_len=options.max_model_len,
         max_num_seqs=options.max_num_seqs,
-        max_num_batched_tokens=max(options.max_model_len, 1024),
-        block_size=VLLM_BLOCK_SIZE,
+        max_num_batched_tokens=options.max_num_batched_tokens or max(options.max_model_len, 1024),
+        block_size=options.block_size or VLLM_BLOCK_SIZE,
         kv_cache_memory_bytes=options.kv_cache_tokens * per_token,
+        seed=options.seed or 0,
     )

@@ -120,7 +120,7 @@ def build_server(
     when the first engine fails to start."""
     check_names(options)
     checkpoint_dir = prepare_checkpoint(options)
-    tokenizer = load_tokenizer(checkpoint_dir)
+    tokenizer = load_tokenizer(options.tokenizer or checkpoint_dir)
     metrics = ServerMetrics(options.model_name)
     admission = AdmissionQueue(QueueBounds(options.max_queued_requests, options.max_queued_tokens))
     launch, release = worker_launcher(options, clock)
@@ -156,7 +156,7 @@ def build_server(
         error = first.start_error or f"not ready after {options.start_timeout_s} s"
         pool.stop(options.shutdown_timeout_s)
         raise EngineStartError(f"the {options.engine} engine did not start: {error}")
-    rng = rng if rng is not None else np.random.default_rng()
+    rng = rng if rng is not None else np.random.default_rng(options.seed)
     limits = ModelLimits(
         max_model_len=options.max_model_len,
         kv_capacity_tokens=first.kv_capacity_tokens,

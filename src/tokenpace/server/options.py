@@ -30,6 +30,9 @@ class ServeOptions:
         choices=ENGINES,
     )
     model: str = option("smollm2", "'smollm2' (embedded), a local HF directory or a .gguf file.")
+    tokenizer: Path | None = option(
+        None, "Local directory of the tokenizer (default: the model's own files)."
+    )
     served_model_name: str | None = option(
         None, "Model name clients send and /v1/models lists (default: the model's name)."
     )
@@ -93,6 +96,19 @@ class ServeOptions:
     kv_cache_tokens: int = option(65536, "KV cache budget per container (tokens).")
     max_model_len: int = option(2048, "Longest prompt + output one request may reach (tokens).")
     max_num_seqs: int = option(256, "Most requests holding KV at once per container.")
+    block_size: int | None = option(
+        None, "KV block size (tokens); default 16 on the native engine, 32 on vLLM (CPU)."
+    )
+    max_num_batched_tokens: int | None = option(
+        None,
+        "vLLM's token budget of one step (default max(--max-model-len, 1024)); the native "
+        "engine's step is sized by its policy.",
+    )
+    seed: int | None = option(
+        None,
+        "Seeds the generator that gives each sampled request without a seed its own, and "
+        "vLLM's seed (default: fresh entropy; vLLM 0).",
+    )
     b0: int = option(8, "Saturation batch size B0 given to the policy's profile.")
     mean_output_tokens: float = option(64.0, "Expected mean output length given to the profile.")
     default_max_tokens: int = option(256, "max_tokens when a request omits it (capped by context).")
@@ -145,6 +161,10 @@ class ServeOptions:
             "target_per_container",
             "migration_batch_threshold",
         )
+        for name in ("block_size", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"ServeOptions.{name} must be > 0, got {value}")
         if self.scale_down_window_s < 0:
             raise ValueError(f"--scale-down-window-s must be >= 0, got {self.scale_down_window_s}")
         if not 0 <= self.max_containers <= self.containers:
