@@ -5,8 +5,8 @@ tokens and random ids; and a cost per token that does not grow with the output."
 from __future__ import annotations
 
 import importlib.util
-import sys
 import random
+import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
