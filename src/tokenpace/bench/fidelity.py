@@ -26,6 +26,8 @@ from tokenpace.workload.main_experiment import (
 )
 from tokenpace.workload.spec import Workload, with_known_lengths
 
+KNEE_REQUESTS = 200  # arrivals per simulated rate when the knee is searched
+
 COMPARED = {
     "itl_mean": ("itl_ms", "mean"),
     "ttft_p50": ("ttft_ms", "p50"),
@@ -99,16 +101,18 @@ def knee_workloads(
     search: KneeSearch | None = None,
 ) -> tuple[float, dict[float, PoissonWorkload]]:
     """The knee (req/s) of one server with ``profile`` on the paper's main-experiment
-    mixtures, measured on the simulator (``bench.capacity``, cached in ``cache_dir``), and
-    per load factor the workload of ``num_requests`` Poisson arrivals at that multiple of
-    it."""
+    mixtures, measured on the simulator (``bench.capacity``, cached in ``cache_dir``) with
+    ``KNEE_REQUESTS`` arrivals per rate whatever ``num_requests`` is (a few requests never
+    queue, so they would have no knee), and per load factor the workload of
+    ``num_requests`` Poisson arrivals at that multiple of it."""
     guess = pool_capacity_rps(profile, PAPER_PROMPT_LENGTHS, PAPER_OUTPUT_LENGTHS, 1)
-    base = PoissonWorkload(
-        name="main", rate_per_s=guess, duration_s=2 * num_requests / guess,
-        max_requests=num_requests,
+    knee_base = PoissonWorkload(
+        name="main", rate_per_s=guess, duration_s=2 * KNEE_REQUESTS / guess,
+        max_requests=KNEE_REQUESTS,
     )  # fmt: skip
-    problem = KneeProblem(profile, 1, base, slo, search or KneeSearch())
+    problem = KneeProblem(profile, 1, knee_base, slo, search or KneeSearch())
     knee = cached_capacity(problem, guess, cache_dir).knee_rps
+    base = replace(knee_base, max_requests=num_requests)
     workloads = {}
     for load in loads:
         rate = load * knee
