@@ -136,7 +136,7 @@ def run(args: Settings) -> None:
     for request in full_running:
         batch.append(request)
     columns_cpu = []
-    for _ in range(args.repeats):
+    for _ in range(args.num_iters):
         start_cpu = time.thread_time()
         batch.columns(full_running)
         columns_cpu.append(time.thread_time() - start_cpu)
