@@ -3,6 +3,10 @@
 A policy reads the numpy columns (views, valid until the queue changes) and returns request
 ids; only the step loop mutates the queue. Order is queue order: arrival order, except that
 preempted requests go back to the front, as in vLLM.
+
+Aggregates a policy tests every step (the smallest enqueue step, prompt, budget and final
+size, how many requests resume, whether arrivals are in queue order) are kept up to date as
+requests enter and leave, so reading them costs nothing whatever the queue's length.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import numpy.typing as npt
 from tokenpace.core.request import Request
 
 _INITIAL_CAPACITY = 64
+# Minimum of an empty queue: above any count a request can carry.
+_EMPTY_MIN = 1 << 62
 _A = TypeVar("_A", bound=np.generic)
 
 
@@ -31,6 +37,13 @@ class WaitingQueue:
         self._max_tokens = np.zeros(_INITIAL_CAPACITY, dtype=np.int64)
         self._enqueued_step = np.zeros(_INITIAL_CAPACITY, dtype=np.int64)
         self._remaining = np.zeros(_INITIAL_CAPACITY, dtype=np.int64)
+        self._min_enqueued_step = _EMPTY_MIN
+        self._min_prompt = _EMPTY_MIN
+        self._min_max_tokens = _EMPTY_MIN
+        self._min_remaining = _EMPTY_MIN
+        self._min_final = _EMPTY_MIN
+        self._num_resumed = 0
+        self._arrival_sorted = True
 
     def __len__(self) -> int:
         return self._size
@@ -72,23 +85,65 @@ class WaitingQueue:
         for a waiting request, so it cannot change while the request waits."""
         return self._remaining[: self._size]
 
+    # Aggregates (kept up to date by every mutation; the minima are meaningless when empty).
+    @property
+    def min_enqueued_step(self) -> int:
+        """The earliest step at which a waiting request (re)entered the queue."""
+        return self._min_enqueued_step
+
+    @property
+    def min_prompt_tokens(self) -> int:
+        return self._min_prompt
+
+    @property
+    def min_max_tokens(self) -> int:
+        return self._min_max_tokens
+
+    @property
+    def min_remaining_output_tokens(self) -> int:
+        return self._min_remaining
+
+    @property
+    def min_budget_tokens(self) -> int:
+        """The smallest prompt + max_tokens (a request's largest possible final size)."""
+        return self._min_final
+
+    @property
+    def num_resumed(self) -> int:
+        """Requests that streamed tokens before they (re)entered the queue (preempted, or
+        moved from another server): remaining output below max_tokens."""
+        return self._num_resumed
+
+    @property
+    def arrival_sorted(self) -> bool:
+        """True when ``arrival_s`` is non-decreasing in queue order (False may also mean
+        only that a request arrived out of order before and the queue has not been
+        re-checked since; it is re-checked whenever requests leave)."""
+        return self._arrival_sorted
+
     def request_at(self, positions: Iterable[int]) -> list[Request]:
         return [self._requests[int(i)] for i in positions]
 
     # Mutation (step loop only).
     def append(self, request: Request) -> None:
         self._grow_if_full()
+        if self._size and request.arrival_s < self._arrival_s[self._size - 1]:
+            self._arrival_sorted = False
         self._write(self._size, request)
         self._size += 1
+        self._count(request)
 
     def appendleft(self, request: Request) -> None:
         """Put a preempted request back at the front."""
         self._grow_if_full()
         n = self._size
+        if n and request.arrival_s > self._arrival_s[0]:
+            self._arrival_sorted = False
         for column in self._columns():
             column[1 : n + 1] = column[:n]
         self._write(0, request)
         self._size += 1
+        self._count(request)
 
     def remove(self, request_ids: Iterable[int]) -> list[Request]:
         """Remove the given ids; returns the removed requests in the order the ids were given.
@@ -104,13 +159,16 @@ class WaitingQueue:
         if missing:
             raise KeyError(f"request {missing[0]} is not waiting")
         removed = [self._requests[positions[rid]] for rid in wanted]
+        gone = np.fromiter(positions.values(), dtype=np.intp, count=len(positions))
+        stale = self._stale_minima(gone)
         keep = np.ones(self._size, dtype=bool)
-        keep[list(positions.values())] = False
+        keep[gone] = False
         new_size = int(keep.sum())
         for column in self._columns():
             column[:new_size] = column[: self._size][keep]
         self._requests[new_size : self._size] = None
         self._size = new_size
+        self._recount(stale)
         return removed
 
     def _columns(self) -> tuple[npt.NDArray[np.generic], ...]:
@@ -132,6 +190,55 @@ class WaitingQueue:
         self._max_tokens[index] = request.max_tokens
         self._enqueued_step[index] = request.enqueued_step
         self._remaining[index] = request.remaining_output_tokens
+
+    def _count(self, request: Request) -> None:
+        """Fold a request that just entered into the aggregates."""
+        remaining = request.remaining_output_tokens
+        self._min_enqueued_step = min(self._min_enqueued_step, request.enqueued_step)
+        self._min_prompt = min(self._min_prompt, request.num_prompt_tokens)
+        self._min_max_tokens = min(self._min_max_tokens, request.max_tokens)
+        self._min_remaining = min(self._min_remaining, remaining)
+        self._min_final = min(self._min_final, request.num_prompt_tokens + request.max_tokens)
+        if remaining < request.max_tokens:
+            self._num_resumed += 1
+
+    def _stale_minima(self, gone: npt.NDArray[np.intp]) -> tuple[bool, ...]:
+        """Before the requests at ``gone`` leave: which minima one of them holds (those
+        must be read again), and count the resumed ones out."""
+        caps = self._max_tokens[gone]
+        remaining = self._remaining[gone]
+        self._num_resumed -= int(np.count_nonzero(remaining < caps))
+        return (
+            bool((self._enqueued_step[gone] == self._min_enqueued_step).any()),
+            bool((self._prompt[gone] == self._min_prompt).any()),
+            bool((caps == self._min_max_tokens).any()),
+            bool((remaining == self._min_remaining).any()),
+            bool((self._prompt[gone] + caps == self._min_final).any()),
+        )
+
+    def _recount(self, stale: tuple[bool, ...]) -> None:
+        """After requests left: read again the minima they held, and whether arrivals are
+        in order again."""
+        n = self._size
+        if not n:
+            self._min_enqueued_step = self._min_prompt = self._min_max_tokens = _EMPTY_MIN
+            self._min_remaining = self._min_final = _EMPTY_MIN
+            self._arrival_sorted = True
+            return
+        step, prompt, cap, remaining, final = stale
+        if step:
+            self._min_enqueued_step = int(self._enqueued_step[:n].min())
+        if prompt:
+            self._min_prompt = int(self._prompt[:n].min())
+        if cap:
+            self._min_max_tokens = int(self._max_tokens[:n].min())
+        if remaining:
+            self._min_remaining = int(self._remaining[:n].min())
+        if final:
+            self._min_final = int((self._prompt[:n] + self._max_tokens[:n]).min())
+        if not self._arrival_sorted:
+            arrivals = self._arrival_s[:n]
+            self._arrival_sorted = bool((arrivals[1:] >= arrivals[:-1]).all())
 
     def _grow_if_full(self) -> None:
         if self._size + 1 < len(self._ids):

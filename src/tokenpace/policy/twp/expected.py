@@ -86,17 +86,17 @@ class ExpectedOutput:
         """Lower bounds of the queue's expected remaining output and final size."""
         if not self.enabled:
             return QueueMinima.of_budgets(waiting)
-        caps = waiting.max_tokens
-        remaining = waiting.remaining_output_tokens
-        lowest = self.estimator.smallest_fresh(int(caps.min()))
-        resumed = np.flatnonzero(remaining < caps)
-        if len(resumed):
+        lowest = self.estimator.smallest_fresh(waiting.min_max_tokens)
+        if waiting.num_resumed:
+            caps = waiting.max_tokens
+            remaining = waiting.remaining_output_tokens
+            resumed = np.flatnonzero(remaining < caps)
             produced = caps[resumed] - remaining[resumed]
             own = self.estimator.remaining(
                 waiting.num_prompt_tokens[resumed], produced, caps[resumed]
             )
             lowest = min(lowest, float(own.min()))
-        return QueueMinima(lowest, float(waiting.num_prompt_tokens.min()) + lowest)
+        return QueueMinima(lowest, float(waiting.min_prompt_tokens) + lowest)
 
     def telemetry(self) -> dict[str, float]:
         return self.estimator.telemetry()

@@ -43,8 +43,7 @@ class QueueMinima:
     def of_budgets(waiting: WaitingQueue) -> QueueMinima:
         """The exact minima when the expected output is the max_tokens budget."""
         return QueueMinima(
-            float(waiting.remaining_output_tokens.min()),
-            float((waiting.num_prompt_tokens + waiting.max_tokens).min()),
+            float(waiting.min_remaining_output_tokens), float(waiting.min_budget_tokens)
         )
 
 

@@ -53,10 +53,9 @@ def starving_positions(
     waiting: WaitingQueue, step_index: int, t_max_steps: int
 ) -> npt.NDArray[np.intp]:
     """Queue positions of requests that waited ``t_max_steps`` steps or more, in queue order."""
-    enqueued = waiting.enqueued_step
-    if not len(enqueued) or int(enqueued.min()) > step_index - t_max_steps:
+    if not len(waiting) or waiting.min_enqueued_step > step_index - t_max_steps:
         return np.empty(0, dtype=np.intp)
-    return np.flatnonzero(step_index - enqueued >= t_max_steps)
+    return np.flatnonzero(step_index - waiting.enqueued_step >= t_max_steps)
 
 
 Expected = npt.NDArray[np.int64] | npt.NDArray[np.float64]

@@ -78,7 +78,7 @@ def deadline_order(
     skip[excluded] = True
     # Waited longer than the objective, with room for rounding: slack < 0 whatever the
     # prefill, so the key is minus the position.
-    maybe = np.flatnonzero(waiting.arrival_s >= now_s - ttft_slo_s - _WAIT_MARGIN_S)
+    maybe = arrived_since(waiting, now_s - ttft_slo_s - _WAIT_MARGIN_S)
     maybe = maybe[~skip[maybe]]
     steps = np.ceil(waiting.num_prompt_tokens[maybe] / max(1.0, prefill_tokens_per_step))
     slack = ttft_slo_s - (now_s - waiting.arrival_s[maybe]) - steps * step_s
@@ -90,7 +90,7 @@ def deadline_order(
         yield from waiting.request_at(on_time)
         yield from waiting.request_at(deferred)
         skip[feasible] = True
-        yield from (waiting[int(i)] for i in np.flatnonzero(~skip))
+        yield from queue_order_except(waiting, skip)
         return
     keys = _FEASIBLE_OFFSET - slack[slack >= 0] - waiting.max_tokens[feasible] * 1e-9
     if ttft_slo_s > _HUGE_OBJECTIVE_S or (len(keys) and float(keys.min()) <= 0):
@@ -100,7 +100,25 @@ def deadline_order(
         return
     yield from (waiting[int(feasible[i])] for i in best_positions(keys, len(keys), _SCAN_LIMIT))
     skip[feasible] = True
-    yield from (waiting[int(i)] for i in np.flatnonzero(~skip))
+    yield from queue_order_except(waiting, skip)
+
+
+def arrived_since(waiting: WaitingQueue, since_s: float) -> npt.NDArray[np.intp]:
+    """Queue positions of the requests that arrived at ``since_s`` or later, in order: a
+    binary search when arrivals are in queue order (the usual case), else a scan."""
+    arrivals = waiting.arrival_s
+    if waiting.arrival_sorted:
+        start = int(np.searchsorted(arrivals, since_s, side="left"))
+        return np.arange(start, len(arrivals), dtype=np.intp)
+    return np.flatnonzero(arrivals >= since_s)
+
+
+def queue_order_except(waiting: WaitingQueue, skip: npt.NDArray[np.bool_]) -> Iterator[Request]:
+    """Waiting requests whose position is not marked in ``skip``, in queue order, found a
+    slice at a time: a gate that closes early reads only the head of the queue."""
+    for start in range(0, len(waiting), _SCAN_LIMIT):
+        for offset in np.flatnonzero(~skip[start : start + _SCAN_LIMIT]).tolist():
+            yield waiting[start + offset]
 
 
 def moore_hodgson(

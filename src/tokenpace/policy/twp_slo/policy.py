@@ -144,7 +144,8 @@ class TwpSloPolicy:
                 )
             )  # fmt: skip
             if may_admit:
-                candidates = self._candidates(state, int(self._budget), forced_positions)
+                backlog = float(columns.uncomputed[prefilling_at].sum())
+                candidates = self._candidates(state, int(self._budget), forced_positions, backlog)
                 for request in candidates:
                     footprint = self._footprint(request, state)
                     has_room = len(running) + len(admitted) < capacity
@@ -224,21 +225,17 @@ class TwpSloPolicy:
         self._calibration += self.config.base.ema_factor * (ratio - self._calibration)
 
     def _candidates(
-        self, state: StepState, budget: int, excluded: npt.NDArray[np.intp]
+        self, state: StepState, budget: int, excluded: npt.NDArray[np.intp], backlog: float
     ) -> Iterator[Request]:
         """Waiting requests but ``excluded`` in rank order: TTFT-feasible ones by least slack
-        then the rest in queue order (deadline ranking), or TWP's score order."""
+        then the rest in queue order (deadline ranking), or TWP's score order. ``backlog``:
+        tokens the running requests still have to prefill."""
         cfg = self.config
         if cfg.use_deadline_ranking:
             per_step = budget if cfg.use_prefill_budget else cfg.min_prefill_tokens
-            backlog = (
-                float(sum(r.num_uncomputed_tokens for r in state.running if r.is_prefilling))
-                if cfg.use_deferral
-                else None
-            )
             return deadline_order(
                 state.waiting, state.now_s, cfg.ttft_slo_ms / 1000, cfg.itl_target_ms / 1000,
-                per_step, excluded, backlog,
+                per_step, excluded, backlog if cfg.use_deferral else None,
             )  # fmt: skip
         running = state.running
         mean_remaining = (
