@@ -195,6 +195,12 @@ class OutputLengthEstimator:
     def num_observed(self) -> int:
         return self.errors.count
 
+    @property
+    def fitted(self) -> bool:
+        """False until a curve is fitted: until then every estimate is the budget left,
+        ``max(max_tokens - produced, 1)``."""
+        return self._pooled_curve is not None
+
     def observe(
         self,
         running: Sequence[Request],

@@ -75,8 +75,11 @@ class ExpectedOutput:
 
     def queue_totals(self, waiting: WaitingQueue) -> npt.NDArray[np.float64] | None:
         """Expected total output of every waiting request (tokens already streamed plus
-        expected remaining); None when planning with budgets (max_tokens is the total)."""
-        if not self.enabled:
+        expected remaining); None when that is max_tokens for every one: planning with
+        budgets, or before a curve is fitted while every request has budget left."""
+        if not self.enabled or (
+            not self.estimator.fitted and waiting.min_remaining_output_tokens >= 1
+        ):
             return None
         caps = waiting.max_tokens
         produced = caps - waiting.remaining_output_tokens
