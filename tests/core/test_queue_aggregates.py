@@ -34,6 +34,17 @@ def _check(queue: WaitingQueue) -> None:
     assert queue.min_max_tokens == int(queue.max_tokens.min())
     assert queue.min_remaining_output_tokens == int(queue.remaining_output_tokens.min())
     assert queue.min_budget_tokens == int((queue.num_prompt_tokens + queue.max_tokens).min())
+    assert queue.min_arrival_s == float(queue.arrival_s.min())
+    assert queue.max_max_tokens == int(queue.max_tokens.max())
+    order, covered = queue.prompt_order()
+    prompts = queue.num_prompt_tokens.tolist()
+    assert covered <= len(queue) and len(queue) - covered <= 64
+    assert order.tolist() == sorted(range(covered), key=lambda i: (prompts[i], i))
+    budgets = queue.budget_tokens.tolist()
+    assert budgets == (queue.num_prompt_tokens + queue.max_tokens).tolist()
+    order, covered = queue.budget_order()
+    assert covered <= len(queue) and len(queue) - covered <= 64
+    assert order.tolist() == sorted(range(covered), key=lambda i: (budgets[i], i))
     resumed = int((queue.remaining_output_tokens < queue.max_tokens).sum())
     assert queue.num_resumed == resumed
     in_order = all(a <= b for a, b in itertools.pairwise(arrivals))
@@ -42,7 +53,7 @@ def _check(queue: WaitingQueue) -> None:
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.one_of(_ENTER, _ENTER, _LEAVE), max_size=40))
+@given(st.lists(st.one_of(_ENTER, _ENTER, _ENTER, _LEAVE), max_size=160))
 def test_aggregates_equal_a_recomputation_after_any_mutations(
     mutations: list[tuple[object, ...]],
 ) -> None:
@@ -79,3 +90,16 @@ def test_minima_follow_the_requests_that_hold_them() -> None:
     queue.remove([1])
     assert (queue.min_prompt_tokens, queue.min_budget_tokens) == (50, 60)
     assert queue.arrival_sorted
+
+
+def test_prompt_order_sorts_appends_in_once_the_tail_is_long() -> None:
+    queue = WaitingQueue()
+    prompts = [(7 * i) % 23 + 1 for i in range(300)]
+    for i, prompt in enumerate(prompts):
+        queue.append(request(i, prompt=prompt))
+    order, covered = queue.prompt_order()
+    assert covered > 200
+    assert order.tolist() == sorted(range(covered), key=lambda i: (prompts[i], i))
+    queue.remove(list(range(0, 300, 3)))
+    queue.appendleft(request(999, prompt=5))
+    _check(queue)

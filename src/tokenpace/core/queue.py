@@ -17,6 +17,7 @@ from typing import TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from tokenpace.core.key_order import KeyOrder
 from tokenpace.core.request import Request
 
 _INITIAL_CAPACITY = 64
@@ -37,12 +38,17 @@ class WaitingQueue:
         self._max_tokens = np.zeros(_INITIAL_CAPACITY, dtype=np.int64)
         self._enqueued_step = np.zeros(_INITIAL_CAPACITY, dtype=np.int64)
         self._remaining = np.zeros(_INITIAL_CAPACITY, dtype=np.int64)
+        self._budget = np.zeros(_INITIAL_CAPACITY, dtype=np.int64)
         self._min_enqueued_step = _EMPTY_MIN
         self._min_prompt = _EMPTY_MIN
         self._min_max_tokens = _EMPTY_MIN
         self._min_remaining = _EMPTY_MIN
         self._min_final = _EMPTY_MIN
+        self._min_arrival_s = float("inf")
+        self._max_max_tokens = 0
         self._num_resumed = 0
+        self._by_prompt = KeyOrder()
+        self._by_budget = KeyOrder()
         self._arrival_sorted = True
 
     def __len__(self) -> int:
@@ -109,6 +115,29 @@ class WaitingQueue:
         return self._min_final
 
     @property
+    def min_arrival_s(self) -> float:
+        return self._min_arrival_s
+
+    @property
+    def max_max_tokens(self) -> int:
+        return self._max_max_tokens
+
+    @property
+    def budget_tokens(self) -> npt.NDArray[np.int64]:
+        """prompt + max_tokens: the largest size each request can reach (tokens)."""
+        return self._budget[: self._size]
+
+    def prompt_order(self) -> tuple[npt.NDArray[np.intp], int]:
+        """Queue positions sorted by prompt length (ties in queue order), and the first
+        position they do not cover: the positions from there on (recent appends, fewer than
+        a hundred) are not sorted in yet. Read-only; valid until the queue changes."""
+        return self._by_prompt.sorted_positions, self._by_prompt.covered
+
+    def budget_order(self) -> tuple[npt.NDArray[np.intp], int]:
+        """As ``prompt_order``, sorted by ``budget_tokens``."""
+        return self._by_budget.sorted_positions, self._by_budget.covered
+
+    @property
     def num_resumed(self) -> int:
         """Requests that streamed tokens before they (re)entered the queue (preempted, or
         moved from another server): remaining output below max_tokens."""
@@ -132,6 +161,8 @@ class WaitingQueue:
         self._write(self._size, request)
         self._size += 1
         self._count(request)
+        self._by_prompt.appended(self._prompt[: self._size])
+        self._by_budget.appended(self._budget[: self._size])
 
     def appendleft(self, request: Request) -> None:
         """Put a preempted request back at the front."""
@@ -144,6 +175,8 @@ class WaitingQueue:
         self._write(0, request)
         self._size += 1
         self._count(request)
+        self._by_prompt.prepended(self._prompt[: self._size])
+        self._by_budget.prepended(self._budget[: self._size])
 
     def remove(self, request_ids: Iterable[int]) -> list[Request]:
         """Remove the given ids; returns the removed requests in the order the ids were given.
@@ -163,6 +196,8 @@ class WaitingQueue:
         stale = self._stale_minima(gone)
         keep = np.ones(self._size, dtype=bool)
         keep[gone] = False
+        self._by_prompt.removed(keep)
+        self._by_budget.removed(keep)
         new_size = int(keep.sum())
         for column in self._columns():
             column[:new_size] = column[: self._size][keep]
@@ -180,6 +215,7 @@ class WaitingQueue:
             self._max_tokens,
             self._enqueued_step,
             self._remaining,
+            self._budget,
         )
 
     def _write(self, index: int, request: Request) -> None:
@@ -190,6 +226,7 @@ class WaitingQueue:
         self._max_tokens[index] = request.max_tokens
         self._enqueued_step[index] = request.enqueued_step
         self._remaining[index] = request.remaining_output_tokens
+        self._budget[index] = request.num_prompt_tokens + request.max_tokens
 
     def _count(self, request: Request) -> None:
         """Fold a request that just entered into the aggregates."""
@@ -199,6 +236,8 @@ class WaitingQueue:
         self._min_max_tokens = min(self._min_max_tokens, request.max_tokens)
         self._min_remaining = min(self._min_remaining, remaining)
         self._min_final = min(self._min_final, request.num_prompt_tokens + request.max_tokens)
+        self._min_arrival_s = min(self._min_arrival_s, request.arrival_s)
+        self._max_max_tokens = max(self._max_max_tokens, request.max_tokens)
         if remaining < request.max_tokens:
             self._num_resumed += 1
 
@@ -213,7 +252,9 @@ class WaitingQueue:
             bool((self._prompt[gone] == self._min_prompt).any()),
             bool((caps == self._min_max_tokens).any()),
             bool((remaining == self._min_remaining).any()),
-            bool((self._prompt[gone] + caps == self._min_final).any()),
+            bool((self._budget[gone] == self._min_final).any()),
+            bool((self._arrival_s[gone] == self._min_arrival_s).any()),
+            bool((caps == self._max_max_tokens).any()),
         )
 
     def _recount(self, stale: tuple[bool, ...]) -> None:
@@ -223,9 +264,11 @@ class WaitingQueue:
         if not n:
             self._min_enqueued_step = self._min_prompt = self._min_max_tokens = _EMPTY_MIN
             self._min_remaining = self._min_final = _EMPTY_MIN
+            self._min_arrival_s = float("inf")
+            self._max_max_tokens = 0
             self._arrival_sorted = True
             return
-        step, prompt, cap, remaining, final = stale
+        step, prompt, cap, remaining, final, arrival, top_cap = stale
         if step:
             self._min_enqueued_step = int(self._enqueued_step[:n].min())
         if prompt:
@@ -235,7 +278,11 @@ class WaitingQueue:
         if remaining:
             self._min_remaining = int(self._remaining[:n].min())
         if final:
-            self._min_final = int((self._prompt[:n] + self._max_tokens[:n]).min())
+            self._min_final = int(self._budget[:n].min())
+        if arrival:
+            self._min_arrival_s = float(self._arrival_s[:n].min())
+        if top_cap:
+            self._max_max_tokens = int(self._max_tokens[:n].max())
         if not self._arrival_sorted:
             arrivals = self._arrival_s[:n]
             self._arrival_sorted = bool((arrivals[1:] >= arrivals[:-1]).all())
@@ -251,6 +298,7 @@ class WaitingQueue:
         self._max_tokens = _resized(self._max_tokens, capacity)
         self._enqueued_step = _resized(self._enqueued_step, capacity)
         self._remaining = _resized(self._remaining, capacity)
+        self._budget = _resized(self._budget, capacity)
 
 
 def _resized(array: npt.NDArray[_A], capacity: int) -> npt.NDArray[_A]:

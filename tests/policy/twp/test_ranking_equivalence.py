@@ -4,6 +4,7 @@ then the gate) is kept here and compared on snapshots full of ties."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 from unittest import mock
 
@@ -18,7 +19,7 @@ from tokenpace.core.queue import WaitingQueue
 from tokenpace.core.request import Request
 from tokenpace.core.step import StepPlan, StepState
 from tokenpace.policy.common import schedule_tokens
-from tokenpace.policy.twp import ranking
+from tokenpace.policy.twp import prompt_scan, ranking
 from tokenpace.policy.twp.config import TwpConfig
 from tokenpace.policy.twp.gate import GateOutcome, may_admit_any, run_gate
 from tokenpace.policy.twp.kv_guard import KvHeadroomGuard
@@ -45,6 +46,19 @@ def reference_scores(
         cfg.w_starvation * starvation + cfg.w_balance * balance + cfg.w_fairness * fairness
     )
     return scores
+
+
+def scan_path(name: str) -> contextlib.ExitStack:
+    """Force ``ranked`` down one path whatever the queue's length: "size" (read in size
+    order, slices of 3) or "handover" (one slice, then the whole-queue bound); "bound" leaves
+    the configured choice (the whole-queue bound below 2,048 waiting)."""
+    stack = contextlib.ExitStack()
+    if name != "bound":
+        stack.enter_context(mock.patch.object(ranking, "_PROMPT_SCAN_MIN", 0))
+        stack.enter_context(mock.patch.object(prompt_scan, "SLICE", 3))
+        slices = 1 if name == "handover" else 10**9
+        stack.enter_context(mock.patch.object(prompt_scan, "MAX_SLICES", slices))
+    return stack
 
 
 class ReferenceTwp(TwpPolicy):
@@ -105,12 +119,15 @@ class ReferenceTwp(TwpPolicy):
     steps=st.lists(snapshots(), min_size=1, max_size=3),
     t_max=st.sampled_from([100, 1000]),
     share=st.sampled_from([0.0, 0.25, 1.0]),
+    path=st.sampled_from(["bound", "size", "handover"]),
 )
-def test_twp_plans_like_the_full_sort(steps: list[Snapshot], t_max: int, share: float) -> None:
+def test_twp_plans_like_the_full_sort(
+    steps: list[Snapshot], t_max: int, share: float, path: str
+) -> None:
     # share 0 scores everyone in the first round, 1 never does: both paths are covered.
     cfg = TwpConfig(t_max_steps=t_max)
     fast, reference = TwpPolicy(cfg), ReferenceTwp(cfg)
-    with mock.patch.object(ranking, "_MAX_CONTENDER_SHARE", share):
+    with mock.patch.object(ranking, "_MAX_CONTENDER_SHARE", share), scan_path(path):
         for snapshot in steps:
             state = build(snapshot)
             got, want = fast.plan(state), reference.plan(state)
@@ -123,10 +140,17 @@ def test_twp_plans_like_the_full_sort(steps: list[Snapshot], t_max: int, share: 
     snapshot=snapshots(max_waiting=120),
     mean_remaining=st.sampled_from([0.0, 1.0, 19.5, 50.0, 125.3, 1000.0]),
     share=st.sampled_from([0.0, 1.0]),
+    path=st.sampled_from(["bound", "size", "handover"]),
+    estimated=st.booleans(),
     data=st.data(),
 )
 def test_ranked_yields_the_stable_sort_of_every_score(
-    snapshot: Snapshot, mean_remaining: float, share: float, data: st.DataObject
+    snapshot: Snapshot,
+    mean_remaining: float,
+    share: float,
+    path: str,
+    estimated: bool,
+    data: st.DataObject,
 ) -> None:
     state = build(snapshot)
     waiting = state.waiting
@@ -136,15 +160,19 @@ def test_ranked_yields_the_stable_sort_of_every_score(
         dtype=np.intp,
     )
     cfg = TwpConfig()
+    # Learned expected outputs: below the budget, not in its order.
+    expected = (waiting.max_tokens % 7) * 3.5 + 1.0 if estimated else None
     scores = (
-        reference_scores(waiting, state.now_s, state.step_index, mean_remaining, cfg)
+        reference_scores(waiting, state.now_s, state.step_index, mean_remaining, cfg, expected)
         if n
         else np.empty(0)
     )
     skip = set(excluded.tolist())
     want = [int(i) for i in np.argsort(-scores, kind="stable") if i not in skip]
-    with mock.patch.object(ranking, "_MAX_CONTENDER_SHARE", share):
-        got = ranking.ranked(waiting, state.now_s, state.step_index, mean_remaining, cfg, excluded)
+    with mock.patch.object(ranking, "_MAX_CONTENDER_SHARE", share), scan_path(path):
+        got = ranking.ranked(
+            waiting, state.now_s, state.step_index, mean_remaining, cfg, excluded, expected
+        )
         assert [r.request_id for r in got] == [waiting[i].request_id for i in want]
 
 
@@ -158,10 +186,14 @@ def test_a_large_queue_ranks_like_the_full_sort() -> None:
         queue.append(r)
     cfg = TwpConfig()
     for mean in (3.0, 125.0):
-        scores = reference_scores(queue, 20.0, 60, mean, cfg)
-        want = np.argsort(-scores, kind="stable")[:300].tolist()
-        got = ranking.ranked(queue, 20.0, 60, mean, cfg, np.empty(0, dtype=np.intp))
-        assert [next(got).request_id for _ in range(300)] == want
+        for expected in (None, (queue.max_tokens % 7) * 3.5 + 1.0):
+            scores = reference_scores(queue, 20.0, 60, mean, cfg, expected)
+            want = np.argsort(-scores, kind="stable")[:300].tolist()
+            none = np.empty(0, dtype=np.intp)
+            for path in ("bound", "size"):
+                with scan_path(path):
+                    got = ranking.ranked(queue, 20.0, 60, mean, cfg, none, expected)
+                    assert [next(got).request_id for _ in range(300)] == want
 
 
 def test_a_preempted_request_with_little_budget_left_keeps_the_gate_open() -> None:

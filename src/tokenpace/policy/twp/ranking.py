@@ -19,6 +19,7 @@ import numpy.typing as npt
 
 from tokenpace.core.queue import WaitingQueue
 from tokenpace.core.request import Request
+from tokenpace.policy.twp import prompt_scan
 from tokenpace.policy.twp.config import TwpConfig
 
 # Rounding slack of the upper bound: exact scores lie in [0, 2]; float64 sums of a few such
@@ -31,6 +32,8 @@ _MAX_CONTENDER_SHARE = 0.25
 _FIRST_FLOOR_STEP = 0.01
 # Candidates taken one argmax at a time before sorting the rest (a gate closes early).
 _SCAN_LIMIT = 64
+# From this queue length on, the queue is read in prompt order (``prompt_scan``).
+_PROMPT_SCAN_MIN = 2048
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +147,73 @@ def ranked(
     scored ones at least as good: nobody left unscored can beat them. When the bound admits
     too many contenders to gain anything, the rest are scored at once and yielded by argmax.
     """
+    if len(waiting) - len(excluded) <= 0:
+        return
+    if len(waiting) >= _PROMPT_SCAN_MIN:
+        yield from _ranked_in_prompt_order(
+            waiting, now_s, step_index, mean_remaining, cfg, excluded, expected
+        )
+        return
+    yield from _ranked_by_bound(waiting, now_s, step_index, mean_remaining, cfg, excluded, expected)
+
+
+def _ranked_in_prompt_order(
+    waiting: WaitingQueue,
+    now_s: float,
+    step_index: int,
+    mean_remaining: float,
+    cfg: TwpConfig,
+    excluded: npt.NDArray[np.intp],
+    expected: Expected | None,
+) -> Iterator[Request]:
+    """``ranked`` for a long queue: read in prompt order (``prompt_scan``) as far as the
+    bound requires, else the whole-queue bound below."""
+    if expected is None:
+        output: Expected = waiting.max_tokens
+        smallest = float(waiting.min_max_tokens)
+        nearest = min(max(mean_remaining, smallest), float(waiting.max_max_tokens))
+        largest_balance = float(token_balance(np.array([nearest]), mean_remaining)[0])
+        # The size is the budget itself.
+        order = prompt_scan.SizeOrder(*waiting.budget_order(), waiting.budget_tokens, 0.0)
+    else:
+        output = expected
+        smallest = float(expected.min())
+        largest_balance = _largest_balance(expected, mean_remaining)
+        order = prompt_scan.SizeOrder(*waiting.prompt_order(), waiting.num_prompt_tokens, smallest)
+    top = prompt_scan.top_fairness(waiting, now_s, output, order)
+    if top is None or not top > 0:
+        yield from _ranked_by_bound(
+            waiting, now_s, step_index, mean_remaining, cfg, excluded, expected
+        )
+        return
+    waited = step_index - waiting.min_enqueued_step
+    ceiling = (
+        cfg.w_starvation * min(1.0, max(0.0, waited / cfg.t_max_steps))
+        + cfg.w_balance * largest_balance
+        + _BOUND_SLACK
+    )
+
+    def exact(positions: npt.NDArray[np.intp], top: float) -> npt.NDArray[np.float64]:
+        return _scores(waiting, positions, now_s, step_index, mean_remaining, top, cfg, output)
+
+    def fallback(left_out: npt.NDArray[np.intp]) -> Iterator[Request]:
+        return _ranked_by_bound(waiting, now_s, step_index, mean_remaining, cfg, left_out, expected)
+
+    yield from prompt_scan.ranked_by_prompt(
+        waiting, now_s, excluded, order, top, ceiling, cfg.w_fairness, exact, fallback
+    )
+
+
+def _ranked_by_bound(
+    waiting: WaitingQueue,
+    now_s: float,
+    step_index: int,
+    mean_remaining: float,
+    cfg: TwpConfig,
+    excluded: npt.NDArray[np.intp],
+    expected: Expected | None,
+) -> Iterator[Request]:
+    """``ranked`` from a bound of every request's score, computed for the whole queue."""
     num_left = len(waiting) - len(excluded)
     if num_left <= 0:
         return
