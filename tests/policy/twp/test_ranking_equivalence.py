@@ -61,6 +61,11 @@ def scan_path(name: str) -> contextlib.ExitStack:
     return stack
 
 
+def learned(waiting: WaitingQueue) -> npt.NDArray[np.float64]:
+    """Stand-in learned expected outputs: below the budget, not in its order."""
+    return ((waiting.max_tokens % 7) * 3.5 + 1.0).astype(np.float64)
+
+
 class ReferenceTwp(TwpPolicy):
     """TWP scoring every waiting request and sorting them all, every step."""
 
@@ -160,8 +165,7 @@ def test_ranked_yields_the_stable_sort_of_every_score(
         dtype=np.intp,
     )
     cfg = TwpConfig()
-    # Learned expected outputs: below the budget, not in its order.
-    expected = (waiting.max_tokens % 7) * 3.5 + 1.0 if estimated else None
+    expected = learned(waiting) if estimated else None
     scores = (
         reference_scores(waiting, state.now_s, state.step_index, mean_remaining, cfg, expected)
         if n
@@ -186,7 +190,7 @@ def test_a_large_queue_ranks_like_the_full_sort() -> None:
         queue.append(r)
     cfg = TwpConfig()
     for mean in (3.0, 125.0):
-        for expected in (None, (queue.max_tokens % 7) * 3.5 + 1.0):
+        for expected in (None, learned(queue)):
             scores = reference_scores(queue, 20.0, 60, mean, cfg, expected)
             want = np.argsort(-scores, kind="stable")[:300].tolist()
             none = np.empty(0, dtype=np.intp)
