@@ -5,6 +5,7 @@ ranking as with the reference that scores and sorts the whole queue every step."
 from __future__ import annotations
 
 from dataclasses import replace
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from tests.policy.twp_slo.test_gate_equivalence import ReferenceTwpSlo
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.metrics.slo import Slo
 from tokenpace.policy.base import Policy
+from tokenpace.policy.twp import prompt_scan, ranking
 from tokenpace.policy.twp.config import TwpConfig
 from tokenpace.policy.twp.policy import TwpPolicy
 from tokenpace.policy.twp_slo.config import TwpSloConfig
@@ -50,3 +52,19 @@ def test_overloaded_runs_match_the_reference(paper_profile: EngineProfile) -> No
     assert history(specs, TwpSloPolicy(slo, profile), profile) == history(
         specs, ReferenceTwpSlo(slo, profile), profile
     )
+
+
+@pytest.mark.slow
+def test_overloaded_twp_runs_match_the_reference_read_in_size_order(
+    paper_profile: EngineProfile,
+) -> None:
+    # The size-order scan serves queues of thousands; forced on here, in small slices.
+    profile = replace(paper_profile, num_gpu_blocks=600)
+    specs = overload(150, rate=60.0)
+    twp = TwpConfig.from_profile(profile)
+    reference = history(specs, ReferenceTwp(twp), profile)
+    with (
+        mock.patch.object(ranking, "_PROMPT_SCAN_MIN", 0),
+        mock.patch.object(prompt_scan, "SLICE", 4),
+    ):
+        assert history(specs, TwpPolicy(twp), profile) == reference
