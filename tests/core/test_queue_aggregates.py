@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.helpers import request
+from tokenpace.core.key_order import OrderView
 from tokenpace.core.queue import WaitingQueue
 from tokenpace.core.request import Request
 
@@ -24,6 +25,19 @@ _ENTER = st.tuples(
 _LEAVE = st.tuples(st.just("remove"), st.lists(st.integers(0, 200), max_size=6))
 
 
+def _check_order(view: OrderView, keys: list[int]) -> None:
+    """The sorted entries are the live positions before the tail, in (key, position) order;
+    each sorted entry's key bounds the keys after it (removed entries included)."""
+    n = len(keys)
+    assert 0 <= view.tail_start <= n and n - view.tail_start <= 64
+    got = view.positions(0, len(view)).tolist()
+    assert got == sorted(range(view.tail_start), key=lambda i: (keys[i], i))
+    assert view.keys.tolist() == sorted(view.keys.tolist())
+    # Reading in slices gives the same positions.
+    sliced = [p for s in range(0, len(view), 5) for p in view.positions(s, s + 5).tolist()]
+    assert sliced == got
+
+
 def _check(queue: WaitingQueue) -> None:
     if not len(queue):
         assert queue.num_resumed == 0 and queue.arrival_sorted
@@ -36,15 +50,10 @@ def _check(queue: WaitingQueue) -> None:
     assert queue.min_budget_tokens == int((queue.num_prompt_tokens + queue.max_tokens).min())
     assert queue.min_arrival_s == float(queue.arrival_s.min())
     assert queue.max_max_tokens == int(queue.max_tokens.max())
-    order, covered = queue.prompt_order()
-    prompts = queue.num_prompt_tokens.tolist()
-    assert covered <= len(queue) and len(queue) - covered <= 64
-    assert order.tolist() == sorted(range(covered), key=lambda i: (prompts[i], i))
+    _check_order(queue.prompt_order(), queue.num_prompt_tokens.tolist())
     budgets = queue.budget_tokens.tolist()
     assert budgets == (queue.num_prompt_tokens + queue.max_tokens).tolist()
-    order, covered = queue.budget_order()
-    assert covered <= len(queue) and len(queue) - covered <= 64
-    assert order.tolist() == sorted(range(covered), key=lambda i: (budgets[i], i))
+    _check_order(queue.budget_order(), budgets)
     resumed = int((queue.remaining_output_tokens < queue.max_tokens).sum())
     assert queue.num_resumed == resumed
     in_order = all(a <= b for a, b in itertools.pairwise(arrivals))
@@ -97,9 +106,23 @@ def test_prompt_order_sorts_appends_in_once_the_tail_is_long() -> None:
     prompts = [(7 * i) % 23 + 1 for i in range(300)]
     for i, prompt in enumerate(prompts):
         queue.append(request(i, prompt=prompt))
-    order, covered = queue.prompt_order()
-    assert covered > 200
-    assert order.tolist() == sorted(range(covered), key=lambda i: (prompts[i], i))
+    view = queue.prompt_order()
+    assert view.tail_start > 200
+    assert view.positions(0, len(view)).tolist() == sorted(
+        range(view.tail_start), key=lambda i: (prompts[i], i)
+    )
     queue.remove(list(range(0, 300, 3)))
     queue.appendleft(request(999, prompt=5))
+    _check(queue)
+
+
+def test_removed_entries_are_dropped_when_many_and_never_read() -> None:
+    queue = WaitingQueue()
+    for i in range(300):
+        queue.append(request(i, prompt=(11 * i) % 37 + 1))
+    queue.remove(list(range(0, 300, 2)) + list(range(1, 200, 2)))
+    _check(queue)
+    for i in range(300, 400):  # merges, and drops the removed entries on the way
+        queue.append(request(i, prompt=(5 * i) % 13 + 1))
+    assert len(queue.prompt_order()) < 300
     _check(queue)

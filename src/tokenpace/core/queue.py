@@ -17,7 +17,7 @@ from typing import TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from tokenpace.core.key_order import KeyOrder
+from tokenpace.core.key_order import KeyOrder, OrderView
 from tokenpace.core.request import Request
 
 _INITIAL_CAPACITY = 64
@@ -39,6 +39,10 @@ class WaitingQueue:
         self._enqueued_step = np.zeros(_INITIAL_CAPACITY, dtype=np.int64)
         self._remaining = np.zeros(_INITIAL_CAPACITY, dtype=np.int64)
         self._budget = np.zeros(_INITIAL_CAPACITY, dtype=np.int64)
+        # Sequence numbers, ascending in queue order (appends count up, the front down).
+        self._seq = np.zeros(_INITIAL_CAPACITY, dtype=np.int64)
+        self._next_back = 0
+        self._next_front = -2
         self._min_enqueued_step = _EMPTY_MIN
         self._min_prompt = _EMPTY_MIN
         self._min_max_tokens = _EMPTY_MIN
@@ -127,15 +131,15 @@ class WaitingQueue:
         """prompt + max_tokens: the largest size each request can reach (tokens)."""
         return self._budget[: self._size]
 
-    def prompt_order(self) -> tuple[npt.NDArray[np.intp], int]:
-        """Queue positions sorted by prompt length (ties in queue order), and the first
-        position they do not cover: the positions from there on (recent appends, fewer than
-        a hundred) are not sorted in yet. Read-only; valid until the queue changes."""
-        return self._by_prompt.sorted_positions, self._by_prompt.covered
+    def prompt_order(self) -> OrderView:
+        """The requests sorted by prompt length, ties in queue order, but for recent appends
+        (fewer than a hundred, from ``tail_start`` on) not sorted in yet. Read-only; valid
+        until the queue changes."""
+        return OrderView(self._by_prompt, self._seq[: self._size])
 
-    def budget_order(self) -> tuple[npt.NDArray[np.intp], int]:
+    def budget_order(self) -> OrderView:
         """As ``prompt_order``, sorted by ``budget_tokens``."""
-        return self._by_budget.sorted_positions, self._by_budget.covered
+        return OrderView(self._by_budget, self._seq[: self._size])
 
     @property
     def num_resumed(self) -> int:
@@ -159,10 +163,13 @@ class WaitingQueue:
         if self._size and request.arrival_s < self._arrival_s[self._size - 1]:
             self._arrival_sorted = False
         self._write(self._size, request)
+        self._seq[self._size] = self._next_back
+        self._next_back += 1
         self._size += 1
         self._count(request)
-        self._by_prompt.appended(self._prompt[: self._size])
-        self._by_budget.appended(self._budget[: self._size])
+        seqs = self._seq[: self._size]
+        self._by_prompt.appended(seqs, self._prompt[: self._size])
+        self._by_budget.appended(seqs, self._budget[: self._size])
 
     def appendleft(self, request: Request) -> None:
         """Put a preempted request back at the front."""
@@ -173,10 +180,12 @@ class WaitingQueue:
         for column in self._columns():
             column[1 : n + 1] = column[:n]
         self._write(0, request)
+        self._seq[0] = self._next_front
+        self._next_front -= 1
         self._size += 1
         self._count(request)
-        self._by_prompt.prepended(self._prompt[: self._size])
-        self._by_budget.prepended(self._budget[: self._size])
+        self._by_prompt.prepended(int(self._seq[0]), int(self._prompt[0]))
+        self._by_budget.prepended(int(self._seq[0]), int(self._budget[0]))
 
     def remove(self, request_ids: Iterable[int]) -> list[Request]:
         """Remove the given ids; returns the removed requests in the order the ids were given.
@@ -196,8 +205,10 @@ class WaitingQueue:
         stale = self._stale_minima(gone)
         keep = np.ones(self._size, dtype=bool)
         keep[gone] = False
-        self._by_prompt.removed(keep)
-        self._by_budget.removed(keep)
+        gone_seqs = self._seq[gone]
+        for order in (self._by_prompt, self._by_budget):
+            num_tail = int(np.count_nonzero(gone_seqs > order.merged_upto))
+            order.removed(len(gone) - num_tail, num_tail)
         new_size = int(keep.sum())
         for column in self._columns():
             column[:new_size] = column[: self._size][keep]
@@ -216,6 +227,7 @@ class WaitingQueue:
             self._enqueued_step,
             self._remaining,
             self._budget,
+            self._seq,
         )
 
     def _write(self, index: int, request: Request) -> None:
@@ -279,13 +291,15 @@ class WaitingQueue:
             self._min_remaining = int(self._remaining[:n].min())
         if final:
             self._min_final = int(self._budget[:n].min())
-        if arrival:
-            self._min_arrival_s = float(self._arrival_s[:n].min())
-        if top_cap:
-            self._max_max_tokens = int(self._max_tokens[:n].max())
         if not self._arrival_sorted:
             arrivals = self._arrival_s[:n]
             self._arrival_sorted = bool((arrivals[1:] >= arrivals[:-1]).all())
+        if arrival:
+            # In arrival order (the usual case) the oldest is at the front.
+            arrivals = self._arrival_s[:n]
+            self._min_arrival_s = float(arrivals[0] if self._arrival_sorted else arrivals.min())
+        if top_cap:
+            self._max_max_tokens = int(self._max_tokens[:n].max())
 
     def _grow_if_full(self) -> None:
         if self._size + 1 < len(self._ids):
@@ -299,6 +313,7 @@ class WaitingQueue:
         self._enqueued_step = _resized(self._enqueued_step, capacity)
         self._remaining = _resized(self._remaining, capacity)
         self._budget = _resized(self._budget, capacity)
+        self._seq = _resized(self._seq, capacity)
 
 
 def _resized(array: npt.NDArray[_A], capacity: int) -> npt.NDArray[_A]:

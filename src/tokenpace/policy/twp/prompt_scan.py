@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from tokenpace.core.key_order import OrderView
 from tokenpace.core.queue import WaitingQueue
 from tokenpace.core.request import Request
 
@@ -34,13 +35,10 @@ Output = npt.NDArray[np.int64] | npt.NDArray[np.float64]
 
 @dataclass(frozen=True, slots=True)
 class SizeOrder:
-    """Queue positions sorted by ``keys`` (``positions``; those from ``covered`` on are
-    unsorted recent appends) and ``extra``: every request's size is at least its key plus
-    ``extra`` (tokens)."""
+    """The queue in the order of a key (``view``) and ``extra``: every request's size is at
+    least its key plus ``extra`` (tokens)."""
 
-    positions: Positions
-    covered: int
-    keys: npt.NDArray[np.int64]
+    view: OrderView
     extra: float
 
 
@@ -63,7 +61,7 @@ def top_fairness(
     oldest_wait = now_s - waiting.min_arrival_s
     if not oldest_wait > 0:
         return None
-    order, covered, keys = size_order.positions, size_order.covered, size_order.keys
+    view, extra = size_order.view, size_order.extra
     prompts = waiting.num_prompt_tokens
     arrivals = waiting.arrival_s
 
@@ -72,15 +70,17 @@ def top_fairness(
         return float(values.max())
 
     best = -np.inf
-    if covered < len(waiting):
-        best = per_size(np.arange(covered, len(waiting), dtype=np.intp))
-    for start in range(0, len(order), SLICE):
+    if view.tail_start < len(waiting):
+        best = per_size(np.arange(view.tail_start, len(waiting), dtype=np.intp))
+    for start in range(0, len(view), SLICE):
         # Rounding is monotone: the bound holds in floating point as it does exactly.
-        if oldest_wait / (keys[order[start]] + size_order.extra) < best:
+        if oldest_wait / (view.keys[start] + extra) < best:
             break
         if start >= MAX_SLICES * SLICE:
             return None
-        best = max(best, per_size(order[start : start + SLICE]))
+        positions = view.positions(start, start + SLICE)
+        if len(positions):
+            best = max(best, per_size(positions))
     return float(best)
 
 
@@ -100,7 +100,7 @@ def ranked_by_prompt(
     bound of every starvation + balance term (weighted, with rounding slack);
     ``fairness_weight``: w3."""
     n = len(waiting)
-    order, covered, keys = size_order.positions, size_order.covered, size_order.keys
+    view, extra = size_order.view, size_order.extra
     oldest_wait = now_s - waiting.min_arrival_s
     skip = np.zeros(n, dtype=bool)
     skip[excluded] = True
@@ -115,11 +115,11 @@ def ranked_by_prompt(
             pool = np.concatenate((pool, positions))
             pool_scores = np.concatenate((pool_scores, exact(positions, top)))
 
-    read(np.arange(covered, n, dtype=np.intp))
+    read(np.arange(view.tail_start, n, dtype=np.intp))
     start = 0
     while True:
-        if start < len(order):
-            size = keys[order[start]] + size_order.extra
+        if start < len(view):
+            size = view.keys[start] + extra
             ceiling = score_ceiling + fairness_weight * (oldest_wait / size / top)
         else:
             ceiling = -np.inf
@@ -130,11 +130,11 @@ def ranked_by_prompt(
             for position in positions[np.lexsort((positions, -scores))].tolist():
                 yielded.append(position)
                 yield waiting[position]
-        if start >= len(order):
+        if start >= len(view):
             return
         if start >= MAX_SLICES * SLICE:
             left_out = np.concatenate((excluded, np.array(yielded, dtype=np.intp)))
             yield from fallback(left_out)
             return
-        read(order[start : start + SLICE])
+        read(view.positions(start, start + SLICE))
         start += SLICE

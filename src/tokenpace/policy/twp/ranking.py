@@ -174,12 +174,12 @@ def _ranked_in_prompt_order(
         nearest = min(max(mean_remaining, smallest), float(waiting.max_max_tokens))
         largest_balance = float(token_balance(np.array([nearest]), mean_remaining)[0])
         # The size is the budget itself.
-        order = prompt_scan.SizeOrder(*waiting.budget_order(), waiting.budget_tokens, 0.0)
+        order = prompt_scan.SizeOrder(waiting.budget_order(), 0.0)
     else:
         output = expected
         smallest = float(expected.min())
         largest_balance = _largest_balance(expected, mean_remaining)
-        order = prompt_scan.SizeOrder(*waiting.prompt_order(), waiting.num_prompt_tokens, smallest)
+        order = prompt_scan.SizeOrder(waiting.prompt_order(), smallest)
     top = prompt_scan.top_fairness(waiting, now_s, output, order)
     if top is None or not top > 0:
         yield from _ranked_by_bound(
