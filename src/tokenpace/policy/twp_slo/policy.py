@@ -13,7 +13,7 @@ import numpy.typing as npt
 from tokenpace.core.queue import WaitingQueue
 from tokenpace.core.request import Request
 from tokenpace.core.running import RunningColumns
-from tokenpace.core.step import StepPlan, StepState
+from tokenpace.core.step import Rejection, StepPlan, StepState
 from tokenpace.engine.latency_model import LatencyModel
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.metrics.slo import Slo
@@ -25,6 +25,7 @@ from tokenpace.policy.twp.ranking import ranked, starving_positions
 from tokenpace.policy.twp_slo.config import TwpSloConfig
 from tokenpace.policy.twp_slo.deadline import deadline_order
 from tokenpace.policy.twp_slo.prefill_budget import PrefillBudget
+from tokenpace.policy.twp_slo.rejection import ServiceOutlook, early_rejections
 from tokenpace.policy.twp_slo.window import RequestWindow
 from tokenpace.policy.window_state import WindowState, request_window_state
 
@@ -63,6 +64,7 @@ class TwpSloPolicy:
         self._calibration = 1.0
         self._predicted_ms: float | None = None
         self._num_forced = 0
+        self._num_rejected = 0
 
     def prefill_budget(self, num_decoding: int) -> int:
         """Tokens of prefill (at the flat per-token rate) a step with ``num_decoding``
@@ -162,6 +164,10 @@ class TwpSloPolicy:
                     scheduled[request.request_id] = tokens
                     prefill_ms += budget.cost_ms(tokens, request.num_computed_tokens)
         self.expected.admitted(admitted)
+        rejections: tuple[Rejection, ...] = ()
+        if cfg.early_reject and len(waiting) > len(admitted):
+            rejections = self._rejections(state, remaining, admitted, capacity)
+            self._num_rejected += len(rejections)
         self._num_forced = len(forced)
         self._predicted_ms = self._latency.decode_ms(num_decoding) + prefill_ms
         if prefill_ms and num_decoding:
@@ -170,7 +176,39 @@ class TwpSloPolicy:
             admit_ids=tuple(r.request_id for r in admitted),
             num_scheduled_tokens=scheduled,
             forced_ids=frozenset(forced),
+            rejections=rejections,
         )
+
+    def _rejections(
+        self,
+        state: StepState,
+        running_remaining: npt.NDArray[np.float64],
+        admitted: Sequence[Request],
+        capacity: int,
+    ) -> tuple[Rejection, ...]:
+        """Early rejection (``rejection.py``): the waiting requests not admitted now whose
+        predicted TTFT, from the profile's prefill rate, the prefill budget, the window and
+        the running requests' expected remaining output, exceeds the objective."""
+        cfg = self.config
+        waiting = state.waiting
+        totals = self.expected.queue_totals(waiting)
+        fresh = float(np.mean(totals if totals is not None else waiting.max_tokens))
+        backlog = sum(r.num_uncomputed_tokens for r in state.running if r.is_prefilling)
+        backlog += sum(r.num_uncomputed_tokens for r in admitted)
+        per_step = self._budget if cfg.use_prefill_budget else cfg.min_prefill_tokens
+        outlook = ServiceOutlook(
+            step_s=cfg.itl_target_ms / 1000,
+            itl_s=(self.window.smoothed_itl_ms or self.window.reference_ms) / 1000,
+            prefill_tokens_per_step=max(float(per_step), float(cfg.min_prefill_tokens)),
+            free_slots=max(0, capacity - len(state.running) - len(admitted)),
+            running_remaining=np.sort(running_remaining),
+            fresh_output=fresh,
+            num_slots=capacity,
+            backlog_tokens=float(backlog),
+        )
+        excluded = np.flatnonzero(np.isin(waiting.request_ids, [r.request_id for r in admitted]))
+        found = early_rejections(waiting, state.now_s, cfg.ttft_slo_ms / 1000, outlook, excluded)
+        return tuple(found)
 
     def _chunk(self, request: Request) -> int:
         """Tokens ``request`` computes this step: what the budget left pays for, or the fixed
@@ -292,6 +330,10 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "twp_slo-no_kv_reservation": {"use_kv_reservation": False},
     "twp_slo-no_deferral": {"use_deferral": False},
 }
+# Opt-in changes, off in ``twp_slo`` itself: each variant switches one on.
+OPT_INS: dict[str, dict[str, Any]] = {
+    "twp_slo-early_reject": {"early_reject": True},
+}
 
 
 def _register(name: str, switches: dict[str, Any]) -> None:
@@ -301,5 +343,5 @@ def _register(name: str, switches: dict[str, Any]) -> None:
         return TwpSloPolicy(config, profile, name)
 
 
-for _name, _switches in ABLATIONS.items():
+for _name, _switches in {**ABLATIONS, **OPT_INS}.items():
     _register(_name, _switches)
