@@ -55,16 +55,15 @@ class ServiceOutlook:
     backlog_tokens: float
 
     def departure_s(self, k: int) -> float:
-        """Seconds until the k-th slot frees up (0 for k <= 0)."""
+        """Seconds until k slots free up (0 for k <= 0), at the batch's drain rate."""
         if k <= 0:
             return 0.0
-        remaining = self.running_remaining
-        n = len(remaining)
-        if k <= n:
-            return float(remaining[k - 1]) * self.itl_s
-        last = float(remaining[-1]) * self.itl_s if n else 0.0
-        per_slot_s = self.fresh_output * self.itl_s / max(1, self.num_slots)
-        return last + (k - n) * per_slot_s
+        n = len(self.running_remaining)
+        if n:
+            per_departure_s = float(self.running_remaining.mean()) * self.itl_s / n
+        else:
+            per_departure_s = self.fresh_output * self.itl_s / max(1, self.num_slots)
+        return k * per_departure_s
 
 
 def early_rejections(
