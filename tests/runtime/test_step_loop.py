@@ -45,6 +45,10 @@ def test_no_request_lost_and_kv_never_exceeds_capacity(
     outcome = simulate(specs, build_policy(name, profile), profile, np.random.default_rng(0))
     assert len(outcome.requests) == len(specs)
     for r in outcome.requests:
+        if r.status is RequestStatus.REJECTED:  # only by a policy that rejects, never served
+            assert name.endswith("early_reject") and r.finish_reason is FinishReason.REJECT
+            assert r.admitted_s is None and r.num_computed_tokens == 0 and not r.token_times_s
+            continue
         assert r.status is RequestStatus.FINISHED and r.finish_reason is FinishReason.LENGTH
         assert r.num_output_tokens == r.max_tokens
         assert r.token_times_s == sorted(r.token_times_s)

@@ -64,7 +64,6 @@ class TwpSloPolicy:
         self._calibration = 1.0
         self._predicted_ms: float | None = None
         self._num_forced = 0
-        self._num_rejected = 0
 
     def prefill_budget(self, num_decoding: int) -> int:
         """Tokens of prefill (at the flat per-token rate) a step with ``num_decoding``
@@ -112,8 +111,19 @@ class TwpSloPolicy:
         forced: list[int] = []
         free = state.num_free_blocks
         waiting = state.waiting
+        rejections: tuple[Rejection, ...] = ()
+        if cfg.early_reject and len(waiting):
+            rejections = self._rejections(state, remaining, capacity)
         if len(waiting):
             forced_positions = starving_positions(waiting, state.step_index, cfg.max_wait_steps)
+            excluded = forced_positions
+            if rejections:
+                # Rejected requests are neither forced nor candidates.
+                gone = np.flatnonzero(
+                    np.isin(waiting.request_ids, [r.request_id for r in rejections])
+                )
+                forced_positions = forced_positions[~np.isin(forced_positions, gone)]
+                excluded = np.union1d(forced_positions, gone)
             for request in waiting.request_at(forced_positions):
                 need = state.blocks_for(request.num_tokens)
                 footprint = self._footprint(request, state)
@@ -137,7 +147,7 @@ class TwpSloPolicy:
             # footprint: when the first candidate fails whoever it is, nothing is admitted
             # and the ranking is skipped.
             may_admit = (
-                len(forced_positions) < len(waiting)
+                len(excluded) < len(waiting)
                 and len(running) + len(admitted) < capacity
                 and self._has_budget()
                 and self._fits_kv(
@@ -146,7 +156,7 @@ class TwpSloPolicy:
                 )
             )  # fmt: skip
             if may_admit:
-                candidates = self._candidates(state, int(self._budget), forced_positions)
+                candidates = self._candidates(state, int(self._budget), excluded)
                 for request in candidates:
                     footprint = self._footprint(request, state)
                     has_room = len(running) + len(admitted) < capacity
@@ -164,10 +174,6 @@ class TwpSloPolicy:
                     scheduled[request.request_id] = tokens
                     prefill_ms += budget.cost_ms(tokens, request.num_computed_tokens)
         self.expected.admitted(admitted)
-        rejections: tuple[Rejection, ...] = ()
-        if cfg.early_reject and len(waiting) > len(admitted):
-            rejections = self._rejections(state, remaining, admitted, capacity)
-            self._num_rejected += len(rejections)
         self._num_forced = len(forced)
         self._predicted_ms = self._latency.decode_ms(num_decoding) + prefill_ms
         if prefill_ms and num_decoding:
@@ -180,35 +186,30 @@ class TwpSloPolicy:
         )
 
     def _rejections(
-        self,
-        state: StepState,
-        running_remaining: npt.NDArray[np.float64],
-        admitted: Sequence[Request],
-        capacity: int,
+        self, state: StepState, running_remaining: npt.NDArray[np.float64], capacity: int
     ) -> tuple[Rejection, ...]:
-        """Early rejection (``rejection.py``): the waiting requests not admitted now whose
-        predicted TTFT, from the profile's prefill rate, the prefill budget, the window and
-        the running requests' expected remaining output, exceeds the objective."""
+        """Early rejection (``rejection.py``), decided before admission so that no slot or
+        prefill goes to a request predicted to miss: the waiting requests whose predicted
+        TTFT, from the prefill budget, the window, the running requests' expected remaining
+        output and the smoothed ITL, exceeds the objective."""
         cfg = self.config
         waiting = state.waiting
         totals = self.expected.queue_totals(waiting)
         fresh = float(np.mean(totals if totals is not None else waiting.max_tokens))
         backlog = sum(r.num_uncomputed_tokens for r in state.running if r.is_prefilling)
-        backlog += sum(r.num_uncomputed_tokens for r in admitted)
         per_step = self._budget if cfg.use_prefill_budget else cfg.min_prefill_tokens
         outlook = ServiceOutlook(
             step_s=cfg.itl_target_ms / 1000,
             itl_s=(self.window.smoothed_itl_ms or self.window.reference_ms) / 1000,
             prefill_tokens_per_step=max(float(per_step), float(cfg.min_prefill_tokens)),
-            free_slots=max(0, capacity - len(state.running) - len(admitted)),
-            running_remaining=np.sort(running_remaining),
+            free_slots=max(0, capacity - len(state.running)),
+            running_remaining=running_remaining,
             fresh_output=fresh,
             num_slots=capacity,
             backlog_tokens=float(backlog),
         )
-        excluded = np.flatnonzero(np.isin(waiting.request_ids, [r.request_id for r in admitted]))
-        found = early_rejections(waiting, state.now_s, cfg.ttft_slo_ms / 1000, outlook, excluded)
-        return tuple(found)
+        none = np.zeros(0, dtype=np.intp)
+        return tuple(early_rejections(waiting, state.now_s, cfg.ttft_slo_ms / 1000, outlook, none))
 
     def _chunk(self, request: Request) -> int:
         """Tokens ``request`` computes this step: what the budget left pays for, or the fixed

@@ -4,10 +4,12 @@ A request's predicted time to first token is the time it already waited, plus it
 a slot in the request window, plus the prefill of everything served before it and its own:
 
 - **Window wait.** With ``free_slots`` slots open, the k-th request in line (k from 1) needs
-  ``k - free_slots`` running requests to leave first. A running request leaves after its
-  expected remaining output at one token per step of ``itl_s``; beyond the running batch,
-  slots recycle at the window's steady rate, ``num_slots`` requests per ``fresh_output``
-  steps.
+  ``k - free_slots`` running requests to leave first. The n running requests, with a mean
+  expected remaining output of m tokens at one token per step of ``itl_s``, free n / (m x
+  itl) slots per second (the window's drain rate, as ``policy.window_state`` reports it);
+  with nothing running, slots recycle ``num_slots`` per ``fresh_output`` steps. The rate,
+  not the soonest expected finish: expected remainders are alike, true ones are not, and
+  the first to leave goes much sooner than the smallest expectation says.
 - **Prefill.** Prefill is one machine that computes ``prefill_tokens_per_step`` tokens per
   step of ``step_s``; it must first finish ``backlog_tokens`` (the running requests'
   uncomputed prompts), then the prompts of the requests ahead. A request's own prefill
@@ -40,7 +42,7 @@ class ServiceOutlook:
     ``step_s``: a prefill step (the ITL target). ``itl_s``: the smoothed measured step, at
     which running requests drain. ``prefill_tokens_per_step``: the prefill budget.
     ``free_slots``: window slots open after this step's admissions. ``running_remaining``:
-    expected remaining output (tokens) of each running request, sorted ascending.
+    expected remaining output (tokens) of each running request.
     ``fresh_output``: expected
     output (tokens) of a request admitted later. ``num_slots``: the window's capacity.
     ``backlog_tokens``: prefill the running requests still owe."""
