@@ -55,8 +55,10 @@ def summarize_run(
     computed again), ``cold_starts_paid`` (requests whose TTFT includes a cold start) and
     ``cold_start_ttft_ms`` (the mean cold-start wait of those requests, 0 if none) and
     ``num_rejected`` (requests the policy refused before serving them: they count in
-    ``n_requests`` and never as meeting the SLO, so rejecting can raise goodput only by
-    serving more of the rest within it, and ``slo_attainment`` counts them as misses)."""
+    ``n_requests`` and never as meeting the SLO, so ``slo_attainment`` counts them as
+    misses). The duration ends at the last token delivered, so a run that rejects, serving
+    fewer requests, may end sooner and divide its goodput by less: compare such runs on
+    ``slo_attainment`` too."""
     lat = latencies(requests, slo)
     ends = [r.token_times_s[-1] for r in requests if r.token_times_s]
     duration = (max(ends) - start_s) if ends else 0.0
