@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 
 import numpy as np
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 
 from tests.helpers import request, small_profile
 from tokenpace.core.request import FinishReason, RequestStatus
+from tokenpace.core.step import Rejection, StepPlan, StepState
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.engine.sim import SimEngine
 from tokenpace.policy import POLICIES, build_policy
@@ -45,6 +47,10 @@ def test_no_request_lost_and_kv_never_exceeds_capacity(
     outcome = simulate(specs, build_policy(name, profile), profile, np.random.default_rng(0))
     assert len(outcome.requests) == len(specs)
     for r in outcome.requests:
+        if r.status is RequestStatus.REJECTED:  # only by a policy that rejects, never served
+            assert name.endswith("early_reject") and r.finish_reason is FinishReason.REJECT
+            assert r.admitted_s is None and r.num_computed_tokens == 0 and not r.token_times_s
+            continue
         assert r.status is RequestStatus.FINISHED and r.finish_reason is FinishReason.LENGTH
         assert r.num_output_tokens == r.max_tokens
         assert r.token_times_s == sorted(r.token_times_s)
@@ -102,3 +108,62 @@ def test_abort_frees_blocks_of_running_and_waiting(paper_profile: EngineProfile)
     assert loop.abort(7, 0.2) is None
     assert loop.engine.num_free_blocks == loop.engine.num_total_blocks
     assert not loop.has_work
+
+
+class Rejecting:
+    """FCFS that, at step ``at_step``, rejects the waiting requests ``ids``."""
+
+    name = "rejecting"
+
+    def __init__(self, profile: EngineProfile, ids: tuple[int, ...], at_step: int) -> None:
+        self.inner = build_policy("fcfs", profile)
+        self.ids = ids
+        self.at_step = at_step
+
+    def plan(self, state: StepState) -> StepPlan:
+        plan = self.inner.plan(state)
+        if state.step_index != self.at_step:
+            return plan
+        rejections = tuple(Rejection(i, 3.0, 2.0) for i in self.ids)
+        keep = tuple(i for i in plan.admit_ids if i not in self.ids)
+        scheduled = {k: v for k, v in plan.num_scheduled_tokens.items() if k not in self.ids}
+        return replace(plan, admit_ids=keep, num_scheduled_tokens=scheduled, rejections=rejections)
+
+    def telemetry(self) -> Mapping[str, float]:
+        return {}
+
+
+def test_rejected_requests_leave_the_queue_unserved(paper_profile: EngineProfile) -> None:
+    engine = SimEngine(paper_profile, np.random.default_rng(0))
+    loop = StepLoop(Rejecting(paper_profile, (1,), at_step=0), engine)
+    for i in range(2):
+        loop.add_request(request(i, prompt=20, max_tokens=2), 0.0)
+    step = loop.begin_step(0.5)
+    assert step is not None and [c.request.request_id for c in step.chunks] == [0]
+    (rejected,) = [r for r in loop.finished if r.request_id == 1]
+    assert rejected.status is RequestStatus.REJECTED
+    assert rejected.finish_reason is FinishReason.REJECT
+    assert rejected.finished_s == 0.5 and rejected.is_done
+    assert [r.request_id for r in loop.rejections] == [1]
+    assert len(loop.waiting) == 0
+
+
+def test_a_policy_may_not_reject_a_request_it_served(paper_profile: EngineProfile) -> None:
+    profile = replace(small_profile(paper_profile, num_gpu_blocks=6), b0=8)
+    policy = Rejecting(profile, (1,), at_step=-1)
+    loop = StepLoop(policy, SimEngine(profile, np.random.default_rng(0)))
+    loop.add_request(request(0, prompt=31, max_tokens=40), 0.0)
+    loop.add_request(request(1, prompt=31, max_tokens=40), 0.0)
+    # Run until the KV cache cannot hold both: #1, admitted, is preempted back to the
+    # queue (its computed tokens thrown away). Rejecting it then breaks the contract.
+    now = 0.0
+    while not any(r.admitted_s is not None for r in loop.waiting):
+        step = loop.begin_step(now)
+        assert step is not None
+        now += step.result.latency_s
+        loop.complete_step(step, now)
+    (preempted,) = list(loop.waiting)
+    assert preempted.request_id == 1 and not preempted.can_be_rejected
+    policy.at_step = loop.step_index
+    with pytest.raises(RuntimeError, match="rejected request 1, which it admits or which was"):
+        loop.begin_step(now)

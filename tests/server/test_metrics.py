@@ -20,6 +20,7 @@ NAMES = [
     "tokenpace:twp_slowdown",
     "tokenpace:twp_kv_threshold_blocks",
     "tokenpace:request_aborts_total",
+    "tokenpace:requests_rejected_early_total",
     "tokenpace:num_containers",
     "tokenpace:cold_starts_total",
     "tokenpace:resumes_total",

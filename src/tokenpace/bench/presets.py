@@ -25,7 +25,7 @@ from tokenpace.engine.profile import EngineProfile
 from tokenpace.metrics.qoe import QoeConfig
 from tokenpace.metrics.slo import Slo
 from tokenpace.policy import POLICIES
-from tokenpace.policy.twp_slo.policy import ABLATIONS
+from tokenpace.policy.twp_slo.policy import ABLATIONS, OPT_INS
 from tokenpace.pool.capacity import pool_capacity_rps
 from tokenpace.pool.config import PoolConfig
 from tokenpace.pool.simulate import NO_POOL_SIGNAL
@@ -217,9 +217,9 @@ def _all(options: PlanOptions) -> list[MatrixConfig]:
     return [main_part(options, knees["main"]), *scenario_parts(options, knees)]
 
 
-# The policy's ablations plus the pool's: twp_slo behind least_loaded + concurrency scaling
-# instead of its own window's signal (pool parts only).
-ABLATION_SCHEDULERS = ("twp", *ABLATIONS, NO_POOL_SIGNAL)
+# The policy's ablations and opt-ins plus the pool's: twp_slo behind least_loaded +
+# concurrency scaling instead of its own window's signal (pool parts only).
+ABLATION_SCHEDULERS = ("twp", *ABLATIONS, *OPT_INS, NO_POOL_SIGNAL)
 LOAD_CURVE_FACTORS = (0.3, 0.5, 0.7, 0.9, 1.1, 1.3, 1.5)
 ALPHA_FACTORS = (0.4, 1.0, 2.0)
 

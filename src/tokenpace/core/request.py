@@ -20,12 +20,18 @@ class RequestStatus(enum.Enum):
     RUNNING = "running"
     FINISHED = "finished"
     ABORTED = "aborted"
+    # Refused by the policy before any of its tokens was computed (early rejection).
+    REJECTED = "rejected"
+
+
+_DONE = frozenset({RequestStatus.FINISHED, RequestStatus.ABORTED, RequestStatus.REJECTED})
 
 
 class FinishReason(enum.Enum):
     LENGTH = "length"
     STOP = "stop"
     ABORT = "abort"
+    REJECT = "reject"
 
 
 @dataclass(slots=True, eq=False)
@@ -63,6 +69,9 @@ class Request:
     enqueued_step: int = 0
     container_id: int | None = None
     cold_start_s: float = 0.0
+    # False for a request partly served elsewhere (resumed or migrated in ``serve``): a
+    # policy may never reject it, whatever its own state says.
+    rejectable: bool = True
 
     def __post_init__(self) -> None:
         if self.num_prompt_tokens <= 0:
@@ -94,5 +103,17 @@ class Request:
         return self.max_tokens - self.num_output_tokens
 
     @property
+    def can_be_rejected(self) -> bool:
+        """Whether a policy may still reject this request: it is waiting, was never admitted
+        and none of its tokens was computed (a rejected request was never partly served)."""
+        return (
+            self.rejectable
+            and self.status is RequestStatus.WAITING
+            and self.admitted_s is None
+            and self.num_computed_tokens == 0
+            and not self.token_times_s
+        )
+
+    @property
     def is_done(self) -> bool:
-        return self.status in (RequestStatus.FINISHED, RequestStatus.ABORTED)
+        return self.status in _DONE

@@ -37,6 +37,25 @@ class StepState:
 
 
 @dataclass(frozen=True, slots=True)
+class Rejection:
+    """A policy's decision to refuse a waiting request before any of its tokens is
+    computed: it predicts a time to first token of ``predicted_ttft_s`` (seconds from
+    arrival), over the objective ``ttft_objective_s``."""
+
+    request_id: int
+    predicted_ttft_s: float
+    ttft_objective_s: float
+
+    def describe(self) -> str:
+        """One sentence for the client: why the request was refused."""
+        return (
+            f"the scheduler predicts a time to first token of {self.predicted_ttft_s:.2f} s "
+            f"under the current load, over the objective of {self.ttft_objective_s:.2f} s; "
+            "retry later"
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class StepPlan:
     """A policy's decision for one step.
 
@@ -44,11 +63,14 @@ class StepPlan:
     tokens each request computes this step (1 for a decoding request, a chunk for one still
     prefilling); running requests missing from it sit this step out. ``forced_ids``: the
     admitted requests that bypassed the admission gate (starvation force-admit).
+    ``rejections``: waiting requests to refuse (early rejection), none of them admitted in
+    this plan and each one ``Request.can_be_rejected``.
     """
 
     admit_ids: tuple[int, ...] = ()
     num_scheduled_tokens: Mapping[int, int] = field(default_factory=dict)
     forced_ids: frozenset[int] = frozenset()
+    rejections: tuple[Rejection, ...] = ()
 
     @staticmethod
     def make_empty() -> StepPlan:

@@ -25,6 +25,7 @@ DISTRIBUTION_METRICS = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
 COUNTER_METRICS = (
     "num_cold_starts", "num_migrations", "computed_tokens", "recomputed_share",
     "container_seconds", "goodput_per_container_s", "num_scale_outs", "scale_out_waiting_mean",
+    "num_rejected",
 )  # fmt: skip
 
 

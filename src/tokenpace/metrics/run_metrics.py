@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenpace.core.request import Request
+from tokenpace.core.request import Request, RequestStatus
 from tokenpace.metrics.qoe import QoeConfig, mean_qoe
 from tokenpace.metrics.request_metrics import FloatArray, latencies
 from tokenpace.metrics.slo import Slo
@@ -53,7 +53,12 @@ def summarize_run(
     all requests meeting both SLOs), ``qoe_mean`` (Andes QoE for ``qoe``'s reader),
     ``num_preemptions``, ``recomputed_tokens`` (KV contents thrown away by preemptions and
     computed again), ``cold_starts_paid`` (requests whose TTFT includes a cold start) and
-    ``cold_start_ttft_ms`` (the mean cold-start wait of those requests, 0 if none)."""
+    ``cold_start_ttft_ms`` (the mean cold-start wait of those requests, 0 if none) and
+    ``num_rejected`` (requests the policy refused before serving them: they count in
+    ``n_requests`` and never as meeting the SLO, so ``slo_attainment`` counts them as
+    misses). The duration ends at the last token delivered, so a run that rejects, serving
+    fewer requests, may end sooner and divide its goodput by less: compare such runs on
+    ``slo_attainment`` too."""
     lat = latencies(requests, slo)
     ends = [r.token_times_s[-1] for r in requests if r.token_times_s]
     duration = (max(ends) - start_s) if ends else 0.0
@@ -81,4 +86,5 @@ def summarize_run(
         "recomputed_tokens": float(sum(r.num_recomputed_tokens for r in requests)),
         "cold_starts_paid": float(len(cold)),
         "cold_start_ttft_ms": 1000 * float(np.mean(cold)) if cold else 0.0,
+        "num_rejected": float(sum(r.status is RequestStatus.REJECTED for r in requests)),
     }

@@ -18,7 +18,9 @@ class Policy(Protocol):
     to admit and how many tokens every request computes. Contract: each admitted id is waiting;
     every admitted request is scheduled; a decoding request is scheduled for exactly 1 token.
     A policy must admit something when nothing runs and requests wait, unless memory forbids
-    it, so an idle server never stalls. ``telemetry`` returns the policy's internal state
+    it, so an idle server never stalls. It may refuse waiting requests it does not admit
+    and that were never served (``StepPlan.rejections``, ``Request.can_be_rejected``); the
+    loop ends them as REJECTED. ``telemetry`` returns the policy's internal state
     (numbers only) after the last ``plan``.
     """
 

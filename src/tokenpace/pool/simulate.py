@@ -14,6 +14,7 @@ from tokenpace.engine.sim import SimEngine
 from tokenpace.metrics.slo import Slo
 from tokenpace.policy import POLICIES, build_policy
 from tokenpace.policy.twp_slo.policy import ABLATIONS as TWP_SLO_VARIANTS
+from tokenpace.policy.twp_slo.policy import OPT_INS as TWP_SLO_OPT_INS
 from tokenpace.pool.autoscaler import AUTOSCALERS, build_autoscaler
 from tokenpace.pool.checkpoint import CheckpointStore
 from tokenpace.pool.config import PoolConfig
@@ -33,7 +34,7 @@ DEFAULT_AUTOSCALER = "concurrency"
 # baselines' pair instead.
 POOL_SIGNAL_ROUTER = "headroom"
 POOL_SIGNAL_AUTOSCALER = "token_rate"
-POOL_SIGNAL_POLICIES = frozenset(TWP_SLO_VARIANTS)
+POOL_SIGNAL_POLICIES = frozenset({*TWP_SLO_VARIANTS, *TWP_SLO_OPT_INS})
 NO_POOL_SIGNAL = "twp_slo-no_pool_signal"
 
 

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from tokenpace.core.request import Request, RequestStatus
+from tokenpace.core.request import FinishReason, Request, RequestStatus
 from tokenpace.core.sampling import SamplingParams
 from tokenpace.runtime.step_loop import StepRecord
 from tokenpace.server.worker.backend import ServingBackend
@@ -103,8 +103,11 @@ def _apply(report: Report, requests: list[Request], start: float) -> None:
         request = requests[finished.request_id]
         if finished.reason is None:
             raise RuntimeError(f"request {finished.request_id} failed: {finished.error}")
-        request.status = RequestStatus.FINISHED
         request.finish_reason = finished.reason
+        if finished.reason is FinishReason.REJECT:
+            request.status = RequestStatus.REJECTED
+            continue
+        request.status = RequestStatus.FINISHED
         request.finished_s = request.token_times_s[-1] if request.token_times_s else None
         request.num_preemptions = finished.num_preemptions
         request.num_recomputed_tokens = finished.num_recomputed_tokens

@@ -13,9 +13,14 @@ from dataclasses import dataclass, field
 from tokenpace.core.queue import WaitingQueue
 from tokenpace.core.request import FinishReason, Request, RequestStatus
 from tokenpace.core.running import RunningBatch
-from tokenpace.core.step import ScheduledChunk, StepPlan, StepResult, StepState
+from tokenpace.core.step import Rejection, ScheduledChunk, StepPlan, StepResult, StepState
 from tokenpace.engine.base import Engine
 from tokenpace.policy.base import Policy
+
+_STATUS_OF = {
+    FinishReason.ABORT: RequestStatus.ABORTED,
+    FinishReason.REJECT: RequestStatus.REJECTED,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +60,10 @@ class StepLoop:
     the most recently admitted requests if the KV cache cannot hold the step (recompute
     preemption, as vLLM), and executes it; it returns None when there is nothing to run.
     ``complete_step(step, now)`` delivers the sampled tokens at ``now`` and retires finished
-    requests. A request is never dropped: it is waiting, running or finished.
+    requests. A request is never dropped: it is waiting, running, finished, or rejected by
+    the policy before any of its tokens was computed (``StepPlan.rejections``: each one
+    leaves the queue as REJECTED, joins ``finished`` and is listed in ``rejections`` until
+    its owner takes it).
     """
 
     policy: Policy
@@ -65,6 +73,8 @@ class StepLoop:
     running: list[Request] = field(default_factory=list)
     finished: list[Request] = field(default_factory=list)
     steps: list[StepRecord] = field(default_factory=list)
+    # Early rejections since the owner last cleared the list (for its clients).
+    rejections: list[Rejection] = field(default_factory=list)
     # The running requests' counters as columns, kept current step by step for the policy.
     batch: RunningBatch = field(default_factory=RunningBatch)
     step_index: int = 0
@@ -111,6 +121,8 @@ class StepLoop:
         if not self.has_work:
             return None
         plan = self.policy.plan(self.snapshot(now_s))
+        if plan.rejections:
+            self._reject(plan, now_s)
         for request in self.waiting.remove(plan.admit_ids):
             if request.request_id not in plan.num_scheduled_tokens:
                 raise RuntimeError(
@@ -192,10 +204,22 @@ class StepLoop:
         self._finish(request, now_s, FinishReason.ABORT)
         return request
 
+    def _reject(self, plan: StepPlan, now_s: float) -> None:
+        """Carry out the plan's rejections; a policy that rejects a request it admits, or
+        one that was (partly) served, breaks its contract."""
+        ids = [r.request_id for r in plan.rejections]
+        admitted = set(plan.admit_ids)
+        for request in self.waiting.remove(ids):
+            if request.request_id in admitted or not request.can_be_rejected:
+                raise RuntimeError(
+                    f"{self.policy.name} rejected request {request.request_id}, which it "
+                    "admits or which was already served in part"
+                )
+            self._finish(request, now_s, FinishReason.REJECT)
+        self.rejections.extend(plan.rejections)
+
     def _finish(self, request: Request, now_s: float, reason: FinishReason) -> None:
-        request.status = (
-            RequestStatus.ABORTED if reason is FinishReason.ABORT else RequestStatus.FINISHED
-        )
+        request.status = _STATUS_OF.get(reason, RequestStatus.FINISHED)
         request.finish_reason = reason
         request.finished_s = now_s
         self.engine.free(request.request_id)

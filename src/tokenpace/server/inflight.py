@@ -44,6 +44,7 @@ class InFlight:
             max_tokens=r.max_tokens - len(self.delivered),
             arrival_s=r.arrival_s,
             sampling=sampling,
+            rejectable=not self.admitted and not self.delivered,
         )
 
     @property

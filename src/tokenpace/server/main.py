@@ -24,7 +24,7 @@ from tokenpace.server.app import ABORT_GRACE_S, build_app
 from tokenpace.server.engines import ENGINE_CONFIGS, load_tokenizer, prepare_checkpoint
 from tokenpace.server.inflight import ContainerDeps
 from tokenpace.server.metrics import ServerMetrics
-from tokenpace.server.options import ServeOptions
+from tokenpace.server.options import EARLY_REJECT_SUFFIX, ServeOptions
 from tokenpace.server.pool import ServerPool
 from tokenpace.server.prompts import max_token_chars
 from tokenpace.server.routes import RouteConfig
@@ -63,6 +63,12 @@ def check_names(options: ServeOptions) -> None:
             registry.get(name)
         except UnknownNameError as error:
             raise ValueError(f"{flag}: {error}") from None
+    if options.policy_name not in POLICIES:
+        able = [n for n in POLICIES.names() if n + EARLY_REJECT_SUFFIX in POLICIES]
+        raise ValueError(
+            f"--early-reject: scheduler {options.scheduler!r} cannot predict a request's time "
+            f"to first token; schedulers that can: {', '.join(able)}"
+        )
 
 
 def worker_spec(options: ServeOptions, checkpoint_dir: Path) -> WorkerSpec:
@@ -71,7 +77,7 @@ def worker_spec(options: ServeOptions, checkpoint_dir: Path) -> WorkerSpec:
     return WorkerSpec(
         engine=options.engine,
         engine_config=ENGINE_CONFIGS.get(options.engine)(options, checkpoint_dir),
-        policy=options.scheduler,
+        policy=options.policy_name,
         calibration=Calibration(
             options.model_name, options.b0, options.mean_output_tokens, options.max_model_len
         ),
@@ -164,8 +170,9 @@ def build_server(
         max_token_chars=max_token_chars(tokenizer),
     )
     service = Service(
-        pool, admission, tokenizer, metrics, limits, clock, options.retry_after_s, rng
-    )
+        pool, admission, tokenizer, metrics, limits, clock, options.retry_after_s, rng,
+        rejects_early=options.rejects_early,
+    )  # fmt: skip
     route_config = RouteConfig(
         model_name=options.model_name,
         api_key=options.api_key,

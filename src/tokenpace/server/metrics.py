@@ -100,6 +100,14 @@ class ServerMetrics:
             ["model_name", "reason"],
             registry=r,
         )
+        self.rejected_early = Counter(
+            "tokenpace:requests_rejected_early",
+            "Requests the scheduler refused (HTTP 429) before serving them, predicting they "
+            "would miss the TTFT objective (--early-reject); not errors, not in "
+            "requests_rejected.",
+            m,
+            registry=r,
+        )
         self.prompt_tokens = Counter(
             "tokenpace:prompt_tokens", "Prompt tokens of finished requests.", m, registry=r
         )
@@ -155,6 +163,7 @@ class ServerMetrics:
         # Touch the unlabelled-by-container series so they read 0 before any traffic.
         for counter in (
             self.aborts,
+            self.rejected_early,
             self.failures,
             self.cold_starts,
             self.resumes,
@@ -188,10 +197,13 @@ class ServerMetrics:
     def observe_finish(
         self, reason: FinishReason | None, e2e_s: float | None, num_prompt_tokens: int
     ) -> None:
-        """A request left its container: finished (``reason`` LENGTH/STOP), aborted, or
-        failed (``reason`` None)."""
+        """A request left its container: finished (``reason`` LENGTH/STOP), aborted,
+        rejected early by the scheduler (REJECT), or failed (``reason`` None)."""
         if reason is None:
             self.failures.labels(self.model_name).inc()
+            return
+        if reason is FinishReason.REJECT:
+            self.rejected_early.labels(self.model_name).inc()
             return
         if reason is FinishReason.ABORT:
             self.aborts.labels(self.model_name).inc()

@@ -12,6 +12,8 @@ from tokenpace.pool.router import ROUTERS
 from tokenpace.server.worker.main import BACKEND_MODULES
 
 ENGINES = tuple(BACKEND_MODULES)
+# Registered policy variants that reject early end with this (``twp_slo-early_reject``).
+EARLY_REJECT_SUFFIX = "-early_reject"
 # uvicorn's own names (uvicorn.config.LOG_LEVELS), kept here so that parsing needs no uvicorn.
 UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
@@ -46,6 +48,12 @@ class ServeOptions:
     )
     slo_tpot_ms: float = option(
         100.0, "Time-per-output-token objective (ms) that SLO-targeted schedulers aim at."
+    )
+    early_reject: bool = option(
+        False,
+        "Answer 429 to a request the scheduler predicts will miss --slo-ttft-ms (twp_slo, "
+        "native engine); decided before any of its tokens is computed, so a stream's "
+        "headers wait for its first token.",
     )
     warm_containers: int = option(
         1, "Containers whose engine loads with the server; the others start cold."
@@ -198,11 +206,29 @@ class ServeOptions:
             self.ray_cpus_per_engine is not None or self.ray_gpus_per_engine
         ):
             raise ValueError("--ray-cpus-per-engine and --ray-gpus-per-engine need --ray-address")
+        if self.early_reject and self.engine != "native":
+            raise ValueError(
+                f"--early-reject needs --engine native (the policy carries out its own "
+                f"rejections there), got --engine {self.engine}"
+            )
         if not 1 <= self.warm_containers <= self.containers:
             raise ValueError(
                 f"--warm-containers must be in [1, --containers={self.containers}], "
                 f"got {self.warm_containers}"
             )
+
+    @property
+    def policy_name(self) -> str:
+        """The registered policy the workers run: ``scheduler``, or its variant that
+        rejects early (``<scheduler>-early_reject``) with ``early_reject``."""
+        if self.early_reject and not self.scheduler.endswith(EARLY_REJECT_SUFFIX):
+            return self.scheduler + EARLY_REJECT_SUFFIX
+        return self.scheduler
+
+    @property
+    def rejects_early(self) -> bool:
+        """Whether the policy may refuse requests before serving them (HTTP 429)."""
+        return self.policy_name.endswith(EARLY_REJECT_SUFFIX)
 
     @property
     def model_name(self) -> str:

@@ -13,14 +13,14 @@ from sse_starlette import EventSourceResponse
 
 from tokenpace.core.sampling import SamplingParams
 from tokenpace.server.access import authorizer, check_model
-from tokenpace.server.errors import ApiError
+from tokenpace.server.errors import ApiError, error_body
 from tokenpace.server.inflight import InFlight
 from tokenpace.server.output import OutputBuilder, OutputSpec
 from tokenpace.server.prompts import chat_prompt_ids, completion_prompt_ids, prompt_chars
 from tokenpace.server.responses import ResponseMeta
 from tokenpace.server.schemas import ChatCompletionRequest, CompletionRequest, _SamplingFields
 from tokenpace.server.service import Service
-from tokenpace.server.streaming import collect_response, stream_events
+from tokenpace.server.streaming import ClientGone, collect_response, first_event, stream_events
 from tokenpace.server.tokenizer_routes import build_tokenizer_router
 
 
@@ -141,7 +141,16 @@ async def _respond(
 ) -> JSONResponse | EventSourceResponse:
     output = OutputBuilder(service.tokenizer, spec)
     if body.stream:
-        stream = stream_events(submission, output, info, body.include_usage, service.abort)
+        first = None
+        if service.rejects_early:
+            try:
+                first = await first_event(
+                    submission, http, config.disconnect_poll_s, service.abort,
+                    service.retry_after_s,
+                )  # fmt: skip
+            except ClientGone:
+                return JSONResponse(error_body(400, "client disconnected", None, None), 499)
+        stream = stream_events(submission, output, info, body.include_usage, service.abort, first)
         # On shutdown the drain aborts what is still running, so every stream ends with its
         # last chunk and [DONE]; sse-starlette must not cut streams before that. No
         # keep-alive pings: OpenAI's and vLLM's streams carry data events only.
@@ -154,8 +163,9 @@ async def _respond(
             shutdown_grace_period=config.stream_shutdown_grace_s,
         )
     return await collect_response(
-        submission, output, info, http, config.disconnect_poll_s, service.abort
-    )
+        submission, output, info, http, config.disconnect_poll_s, service.abort,
+        service.retry_after_s,
+    )  # fmt: skip
 
 
 def attach(app: FastAPI, service: Service, config: RouteConfig) -> None:

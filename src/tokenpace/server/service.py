@@ -41,7 +41,9 @@ class ModelLimits:
 
 
 class Service:
-    """Owns nothing but references: the pool, admission queue, tokenizer and metrics."""
+    """Owns nothing but references: the pool, admission queue, tokenizer and metrics.
+    ``rejects_early``: the policy may refuse requests before serving them (early
+    rejection), which the handlers answer with 429."""
 
     def __init__(
         self,
@@ -53,6 +55,7 @@ class Service:
         clock: Callable[[], float],
         retry_after_s: int,
         rng: np.random.Generator,
+        rejects_early: bool = False,
     ) -> None:
         self.pool = pool
         self.admission = admission
@@ -62,6 +65,9 @@ class Service:
         self.clock = clock
         self.retry_after_s = retry_after_s
         self.rng = rng
+        # The policy may refuse a request before serving it: a stream then waits for its
+        # first event before sending headers, so that a refusal can still be a 429.
+        self.rejects_early = rejects_early
         self.accepting = True
 
     def check_prompt_chars(self, num_chars: int, prompt_field: str) -> None:

@@ -17,8 +17,9 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from tokenpace.server.errors import error_body
-from tokenpace.server.events import FinishEvent, PromptLogprobsEvent, TokenEvent
+from tokenpace.core.request import FinishReason
+from tokenpace.server.errors import ApiError, error_body, error_response
+from tokenpace.server.events import Event, FinishEvent, PromptLogprobsEvent, TokenEvent
 from tokenpace.server.inflight import InFlight
 from tokenpace.server.output import OutputBuilder, Piece
 from tokenpace.server.responses import (
@@ -38,18 +39,66 @@ def sse_event(payload: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n"
 
 
+def rejection_error(event: FinishEvent, retry_after_s: int) -> ApiError:
+    """The 429 answering a request the policy refused before serving it."""
+    reason = event.error or "the scheduler predicts it would miss its latency objective"
+    return ApiError(
+        429,
+        f"request rejected early: {reason}",
+        code="predicted_slo_miss",
+        headers={"Retry-After": str(retry_after_s)},
+    )
+
+
+async def first_event(
+    submission: InFlight,
+    http: Request,
+    disconnect_poll_s: float,
+    abort: Callable[[InFlight], None],
+    retry_after_s: int,
+) -> Event:
+    """The request's first event, awaited before a stream sends its headers, checking every
+    ``disconnect_poll_s`` seconds that the client is still there. Raises ApiError(429) when
+    the policy rejected the request (its first and only event) and ``ClientGone`` (after
+    aborting the request) when the client left."""
+    queue = submission.handle.queue
+    got = False
+    try:
+        while True:
+            try:
+                event = await asyncio.wait_for(queue.get(), disconnect_poll_s)
+            except TimeoutError:
+                if await http.is_disconnected():
+                    raise ClientGone from None
+                continue
+            got = True
+            if isinstance(event, FinishEvent) and event.reason is FinishReason.REJECT:
+                raise rejection_error(event, retry_after_s)
+            return event
+    finally:
+        if not got:
+            abort(submission)
+
+
+class ClientGone(Exception):
+    """The client disconnected before its request produced anything."""
+
+
 async def stream_events(
     submission: InFlight,
     output: OutputBuilder,
     meta: ResponseMeta,
     include_usage: bool,
     abort: Callable[[InFlight], None],
+    first: Event | None = None,
 ) -> AsyncIterator[bytes]:
     """Server-sent events until ``[DONE]``. With ``include_usage`` every chunk carries
     ``"usage": null`` and a last chunk with empty ``choices`` carries the usage, as OpenAI
-    sends them."""
+    sends them. ``first``: the request's first event when the caller already took it from
+    the queue (``first_event``)."""
     finished = False
     usage_field = include_usage
+    pending = [first] if first is not None else []
 
     def piece_chunk(piece: Piece, reason: str | None) -> bytes:
         body = chunk(meta, piece.text, reason, piece.logprobs, usage_field)
@@ -60,7 +109,7 @@ async def stream_events(
             yield sse_event(chunk(meta, None, None, None, usage_field))
         echoed = False
         while True:
-            event = await submission.handle.queue.get()
+            event = pending.pop() if pending else await submission.handle.queue.get()
             if isinstance(event, PromptLogprobsEvent):
                 output.prompt_logprobs(event)
                 continue
@@ -98,9 +147,11 @@ async def collect_response(
     http: Request,
     disconnect_poll_s: float,
     abort: Callable[[InFlight], None],
+    retry_after_s: int = 1,
 ) -> JSONResponse:
     """Wait for the whole output, checking every ``disconnect_poll_s`` seconds that the
-    client is still there (a gone client aborts the request)."""
+    client is still there (a gone client aborts the request). A request the policy rejected
+    is answered 429 with ``Retry-After: retry_after_s``."""
     queue = submission.handle.queue
     finished = False
     try:
@@ -117,6 +168,8 @@ async def collect_response(
                 output.push(event)
             else:
                 finished = True
+                if event.reason is FinishReason.REJECT:
+                    return error_response(rejection_error(event, retry_after_s))
                 return _final(output, meta, event)
     finally:
         if not finished:

@@ -76,6 +76,13 @@ def test_twp_chunk_maps_to_vllm_and_unchunked_policies_do_not() -> None:
         assert prefill_chunk_tokens(make_policy(name, profile)) is None
 
 
+def test_a_policy_that_rejects_early_is_refused_on_vllm() -> None:
+    profile = engine_profile("v100-llama-3.2-3b", 32, 100)
+    assert make_policy("twp_slo", profile).name == "twp_slo"
+    with pytest.raises(ValueError, match="rejects requests early"):
+        make_policy("twp_slo-early_reject", profile)
+
+
 def test_engine_config_validates_and_names_the_scheduler() -> None:
     config = VllmEngineConfig(model="/models/x")
     assert config.llm_kwargs()["scheduler_cls"] == SCHEDULER_CLS

@@ -18,8 +18,15 @@ def engine_profile(profile: str, block_size: int, num_blocks: int) -> EngineProf
 
 def make_policy(name: str, profile: EngineProfile, slo: Slo | None = None) -> Policy:
     """The registered policy ``name`` with its defaults for ``profile`` (and ``slo``, which
-    only SLO-targeted policies read)."""
-    return build_policy(name, profile, slo)
+    only SLO-targeted policies read). Raises ValueError for a policy that rejects requests
+    early: vLLM's scheduler would not carry its rejections out."""
+    policy = build_policy(name, profile, slo)
+    if getattr(getattr(policy, "config", None), "early_reject", False):
+        raise ValueError(
+            f"scheduler {name!r} rejects requests early, which the vLLM engine does not carry "
+            "out; run it on the native engine or the simulator"
+        )
+    return policy
 
 
 def prefill_chunk_tokens(policy: Policy) -> int | None:

@@ -49,6 +49,13 @@ class TwpSloConfig:
     use_kv_reservation: bool = option(
         True, "Admit against the batch's predicted KV footprint instead of the d_kv guard."
     )
+    # Off by default: a server that rejects trades requests for the latency of the rest,
+    # a choice its operator makes (rejection.py says how the miss is predicted).
+    early_reject: bool = option(
+        False,
+        "Reject (HTTP 429 in serve) a request not yet started whose predicted time to first "
+        "token (wait so far + window wait + prefill) exceeds the TTFT objective.",
+    )
 
     def __post_init__(self) -> None:
         require_positive(

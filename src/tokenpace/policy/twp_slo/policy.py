@@ -13,7 +13,7 @@ import numpy.typing as npt
 from tokenpace.core.queue import WaitingQueue
 from tokenpace.core.request import Request
 from tokenpace.core.running import RunningColumns
-from tokenpace.core.step import StepPlan, StepState
+from tokenpace.core.step import Rejection, StepPlan, StepState
 from tokenpace.engine.latency_model import LatencyModel
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.metrics.slo import Slo
@@ -25,6 +25,7 @@ from tokenpace.policy.twp.ranking import ranked, starving_positions
 from tokenpace.policy.twp_slo.config import TwpSloConfig
 from tokenpace.policy.twp_slo.deadline import deadline_order
 from tokenpace.policy.twp_slo.prefill_budget import PrefillBudget
+from tokenpace.policy.twp_slo.rejection import ServiceOutlook, early_rejections
 from tokenpace.policy.twp_slo.window import RequestWindow
 from tokenpace.policy.window_state import WindowState, request_window_state
 
@@ -110,8 +111,19 @@ class TwpSloPolicy:
         forced: list[int] = []
         free = state.num_free_blocks
         waiting = state.waiting
+        rejections: tuple[Rejection, ...] = ()
+        if cfg.early_reject and len(waiting):
+            rejections = self._rejections(state, remaining, capacity)
         if len(waiting):
             forced_positions = starving_positions(waiting, state.step_index, cfg.max_wait_steps)
+            excluded = forced_positions
+            if rejections:
+                # Rejected requests are neither forced nor candidates.
+                gone = np.flatnonzero(
+                    np.isin(waiting.request_ids, [r.request_id for r in rejections])
+                )
+                forced_positions = forced_positions[~np.isin(forced_positions, gone)]
+                excluded = np.union1d(forced_positions, gone)
             for request in waiting.request_at(forced_positions):
                 need = state.blocks_for(request.num_tokens)
                 footprint = self._footprint(request, state)
@@ -135,7 +147,7 @@ class TwpSloPolicy:
             # footprint: when the first candidate fails whoever it is, nothing is admitted
             # and the ranking is skipped.
             may_admit = (
-                len(forced_positions) < len(waiting)
+                len(excluded) < len(waiting)
                 and len(running) + len(admitted) < capacity
                 and self._has_budget()
                 and self._fits_kv(
@@ -145,7 +157,7 @@ class TwpSloPolicy:
             )  # fmt: skip
             if may_admit:
                 backlog = float(columns.uncomputed[prefilling_at].sum())
-                candidates = self._candidates(state, int(self._budget), forced_positions, backlog)
+                candidates = self._candidates(state, int(self._budget), excluded, backlog)
                 for request in candidates:
                     footprint = self._footprint(request, state)
                     has_room = len(running) + len(admitted) < capacity
@@ -171,7 +183,34 @@ class TwpSloPolicy:
             admit_ids=tuple(r.request_id for r in admitted),
             num_scheduled_tokens=scheduled,
             forced_ids=frozenset(forced),
+            rejections=rejections,
         )
+
+    def _rejections(
+        self, state: StepState, running_remaining: npt.NDArray[np.float64], capacity: int
+    ) -> tuple[Rejection, ...]:
+        """Early rejection (``rejection.py``), decided before admission so that no slot or
+        prefill goes to a request predicted to miss: the waiting requests whose predicted
+        TTFT, from the prefill budget, the window, the running requests' expected remaining
+        output and the smoothed ITL, exceeds the objective."""
+        cfg = self.config
+        waiting = state.waiting
+        totals = self.expected.queue_totals(waiting)
+        fresh = float(np.mean(totals if totals is not None else waiting.max_tokens))
+        backlog = sum(r.num_uncomputed_tokens for r in state.running if r.is_prefilling)
+        per_step = self._budget if cfg.use_prefill_budget else cfg.min_prefill_tokens
+        outlook = ServiceOutlook(
+            step_s=cfg.itl_target_ms / 1000,
+            itl_s=(self.window.smoothed_itl_ms or self.window.reference_ms) / 1000,
+            prefill_tokens_per_step=max(float(per_step), float(cfg.min_prefill_tokens)),
+            free_slots=max(0, capacity - len(state.running)),
+            running_remaining=running_remaining,
+            fresh_output=fresh,
+            num_slots=capacity,
+            backlog_tokens=float(backlog),
+        )
+        none = np.zeros(0, dtype=np.intp)
+        return tuple(early_rejections(waiting, state.now_s, cfg.ttft_slo_ms / 1000, outlook, none))
 
     def _chunk(self, request: Request) -> int:
         """Tokens ``request`` computes this step: what the budget left pays for, or the fixed
@@ -289,6 +328,10 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "twp_slo-no_kv_reservation": {"use_kv_reservation": False},
     "twp_slo-no_deferral": {"use_deferral": False},
 }
+# Opt-in changes, off in ``twp_slo`` itself: each variant switches one on.
+OPT_INS: dict[str, dict[str, Any]] = {
+    "twp_slo-early_reject": {"early_reject": True},
+}
 
 
 def _register(name: str, switches: dict[str, Any]) -> None:
@@ -298,5 +341,5 @@ def _register(name: str, switches: dict[str, Any]) -> None:
         return TwpSloPolicy(config, profile, name)
 
 
-for _name, _switches in ABLATIONS.items():
+for _name, _switches in {**ABLATIONS, **OPT_INS}.items():
     _register(_name, _switches)

@@ -78,6 +78,7 @@ class StepLoopBackend:
                 arrival_s=item.arrival_s,
                 prompt_token_ids=list(item.prompt_token_ids),
                 sampling=item.sampling,
+                rejectable=item.rejectable,
             )
             try:
                 self._loop.add_request(request, now)
@@ -137,9 +138,10 @@ class StepLoopBackend:
         loop = self._loop
         step = loop.begin_step(self._clock())
         admitted = self._admitted()
+        rejected = self._rejected()
         if step is None:
-            if admitted:
-                return Report((), admitted, (), self.load_state())
+            if admitted or rejected:
+                return Report((), admitted, rejected, self.load_state())
             return None
         prompt_logprobs = self._gather_prompt_logprobs()
         done = loop.complete_step(step, self._clock())
@@ -152,7 +154,7 @@ class StepLoopBackend:
             tokens.append((request_id, request.output_token_ids[-1], request.token_times_s[-1]))
             if request_id in step_logprobs:
                 logprobs.append((request_id, step_logprobs[request_id]))
-        finished = []
+        finished = list(rejected)
         for request in done:
             self._requests.pop(request.request_id, None)
             self._prompt_logprobs.pop(request.request_id, None)
@@ -191,6 +193,21 @@ class StepLoopBackend:
                 del self._prompt_logprobs[request_id]
                 whole.append((request_id, tuple(gathered[p] for p in sorted(gathered))))
         return tuple(whole)
+
+    def _rejected(self) -> tuple[Finished, ...]:
+        """The requests the policy rejected in the step just begun (it computed none of
+        their tokens), each with the policy's reason."""
+        rejections, self._loop.rejections = self._loop.rejections, []
+        if not rejections:
+            return ()
+        self._loop.finished.clear()
+        for rejection in rejections:
+            self._requests.pop(rejection.request_id, None)
+            self._waiting_ids.discard(rejection.request_id)
+            self._prompt_logprobs.pop(rejection.request_id, None)
+        return tuple(
+            Finished(r.request_id, FinishReason.REJECT, 0, r.describe()) for r in rejections
+        )
 
     def _admitted(self) -> tuple[tuple[int, float], ...]:
         admitted = []

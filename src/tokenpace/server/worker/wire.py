@@ -21,13 +21,15 @@ from tokenpace.metrics.slo import Slo
 class WorkItem:
     """One request as the worker runs it. A request resumed on another container after a
     crash arrives with its already-delivered tokens appended to ``prompt_token_ids`` and
-    ``max_tokens`` reduced by as many."""
+    ``max_tokens`` reduced by as many. ``rejectable``: whether the policy may still refuse
+    it (early rejection); False once any container admitted it."""
 
     request_id: int
     prompt_token_ids: tuple[int, ...]
     max_tokens: int
     arrival_s: float
     sampling: SamplingParams
+    rejectable: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +107,8 @@ class Ready:
 
 @dataclass(frozen=True, slots=True)
 class Finished:
-    """A request left the engine. ``reason`` None means it failed; ``error`` says why.
+    """A request left the engine. ``reason`` None means it failed; ``error`` says why
+    (for a rejection, ``FinishReason.REJECT``, the policy's reason).
     ``num_preemptions`` and ``num_recomputed_tokens``: how often the engine preempted it
     and how many of its computed tokens that threw away (0 when the engine does not say)."""
 
