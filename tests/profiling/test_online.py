@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -162,4 +163,5 @@ def test_publishes_every_n_steps_after_the_first_ones() -> None:
 )
 def test_bad_config_names_the_field(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=field):
-        replace(OnlineCalibrationConfig(), **{field: value})
+        overrides: dict[str, Any] = {field: value}
+        replace(OnlineCalibrationConfig(), **overrides)
