@@ -15,7 +15,8 @@ from tokenpace.core.request import FinishReason, Request, RequestStatus
 from tokenpace.core.running import RunningBatch
 from tokenpace.core.step import ScheduledChunk, StepPlan, StepResult, StepState
 from tokenpace.engine.base import Engine
-from tokenpace.policy.base import Policy
+from tokenpace.policy.base import Policy, ProfileAware
+from tokenpace.profiling.online import OnlineProfileEstimator
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +57,8 @@ class StepLoop:
     preemption, as vLLM), and executes it; it returns None when there is nothing to run.
     ``complete_step(step, now)`` delivers the sampled tokens at ``now`` and retires finished
     requests. A request is never dropped: it is waiting, running or finished.
+    With a ``calibrator`` (online calibration) every completed step is fed to it, and each
+    profile it publishes goes to the policy when the policy is ``ProfileAware``.
     """
 
     policy: Policy
@@ -71,6 +74,7 @@ class StepLoop:
     last_step_latency_s: float | None = None
     # Tokens the engine computed (prefill, recompute and decode), summed over steps.
     num_computed_tokens: int = 0
+    calibrator: OnlineProfileEstimator | None = None
 
     @property
     def has_work(self) -> bool:
@@ -173,6 +177,10 @@ class StepLoop:
                     telemetry=dict(self.policy.telemetry()),
                 )
             )
+        if self.calibrator is not None:
+            profile = self.calibrator.observe(result, now_s)
+            if profile is not None and isinstance(self.policy, ProfileAware):
+                self.policy.use_profile(profile)
         self.last_step_latency_s = result.latency_s
         self.step_index += 1
         return done
