@@ -87,6 +87,16 @@ class TimedStep(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class StepSample:
+    """A step as an engine that keeps no ``StepRecord`` reports it (vLLM's scheduler):
+    latency in seconds, decoding requests, prefill tokens."""
+
+    latency_s: float
+    num_decode_tokens: int
+    num_prefill_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
 class LiveProfile:
     """The live profile's figures for metrics: milliseconds, B0 in requests, the steps
     observed, the changes of speed detected, and when the profile was last updated
