@@ -37,6 +37,7 @@ from tokenpace.engine.profile import EngineProfile
 # the statistics weigh the four terms on comparable footing.
 _PREFILL_SCALE_TOKENS = 64.0
 _MIN_SPREAD_FRACTION = 0.01  # the robust spread never falls below 1% of the predicted step
+_MAX_SPEED_RATIO = 10.0  # the largest change of speed one detection rescales by
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +201,8 @@ class OnlineProfileEstimator:
         for side in (1.0, -1.0):
             ratios = [ratio for z, ratio in self._recent if z * side > 1.0]
             if len(ratios) >= votes:
-                return float(np.median(ratios))
+                # Bounded: a fit that predicts near zero must not blow the statistics up.
+                return min(_MAX_SPEED_RATIO, max(1 / _MAX_SPEED_RATIO, float(np.median(ratios))))
         return None
 
     def _features(self, num_decode: int, num_prefill: int) -> np.ndarray:
