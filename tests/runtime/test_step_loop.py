@@ -18,6 +18,7 @@ from tokenpace.engine.sim import SimEngine
 from tokenpace.policy import POLICIES, build_policy
 from tokenpace.policy.twp.config import TwpConfig
 from tokenpace.policy.twp.policy import TwpPolicy
+from tokenpace.profiling.online import OnlineCalibrationConfig
 from tokenpace.runtime.step_loop import StepLoop
 from tokenpace.sim.run import simulate
 from tokenpace.workload.spec import RequestSpec
@@ -167,3 +168,21 @@ def test_a_policy_may_not_reject_a_request_it_served(paper_profile: EngineProfil
     policy.at_step = loop.step_index
     with pytest.raises(RuntimeError, match="rejected request 1, which it admits or which was"):
         loop.begin_step(now)
+
+
+def test_online_calibration_hands_the_refitted_profile_to_the_policy(
+    paper_profile: EngineProfile,
+) -> None:
+    """The policy was built for l_min 43 ms; the engine runs at 70 ms. Asked for online
+    calibration, the loop refits the profile from the steps and the policy plans from it;
+    by default the policy keeps the profile it was built with."""
+    engine_profile = replace(paper_profile, l_min_ms=70.0, decode_attention_ms_per_kctx=0.0)
+    specs = [RequestSpec(0.05 * i, 40, 30) for i in range(20)]
+    static = TwpPolicy(TwpConfig.from_profile(paper_profile))
+    simulate(specs, static, engine_profile, np.random.default_rng(0))
+    assert static.config.l_min_ms == 43.0
+    live = TwpPolicy(TwpConfig.from_profile(paper_profile))
+    calibration = OnlineCalibrationConfig()
+    simulate(specs, live, engine_profile, np.random.default_rng(0), calibration=calibration)
+    assert live.config.l_min_ms == pytest.approx(70.0, rel=0.05)
+    assert live.window.slowdown < static.window.slowdown

@@ -38,3 +38,18 @@ def test_metrics_after_a_request(server: RunningServer) -> None:
     assert metric(server.url, "tokenpace:inter_token_latency_seconds_count") >= 1
     assert metric(server.url, "tokenpace:twp_token_window") > 0
     assert metric(server.url, "tokenpace:num_containers", 'state="warm"') == 1
+
+
+def test_metrics_export_the_live_profile(server: RunningServer) -> None:
+    """Online calibration is on by default: the engine's refitted profile is exported."""
+    body = {"model": MODEL, "prompt": "Hi", "max_tokens": 16, "temperature": 0}
+    body["ignore_eos"] = True
+    assert httpx.post(f"{server.url}/v1/completions", json=body, timeout=60).status_code == 200
+    assert metric(server.url, "tokenpace:profile_steps", 'container="0"') >= 16
+    assert metric(server.url, "tokenpace:profile_b0", 'container="0"') == 8
+    l_min = metric(server.url, "tokenpace:profile_l_min_ms", 'container="0"')
+    smoothed_itl = metric(server.url, "tokenpace:twp_smoothed_itl_ms", 'container="0"')
+    # The live l_min is this engine's, not a shipped profile's: near the ITL it serves at.
+    assert 0.25 * smoothed_itl < l_min < 4 * smoothed_itl
+    for name in ("alpha_ms", "prefill_ms_per_token", "speed_changes"):
+        assert metric(server.url, f"tokenpace:profile_{name}", 'container="0"') >= 0

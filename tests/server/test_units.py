@@ -195,3 +195,16 @@ def test_logprob_formatter_shapes() -> None:
             }
         ]
     }
+
+
+def test_online_calibration_is_on_by_default_and_a_flag_turns_it_off(tmp_path: Path) -> None:
+    from tokenpace.cli.command import parse_config
+    from tokenpace.profiling.online import OnlineCalibrationConfig
+    from tokenpace.server.main import worker_spec
+    from tokenpace.server.options import ServeOptions
+
+    (tmp_path / "config.json").write_text("{}")
+    on = parse_config(ServeOptions, [], prog="t").config
+    assert worker_spec(on, tmp_path).online_calibration == OnlineCalibrationConfig()
+    off = parse_config(ServeOptions, ["--no-online-calibration"], prog="t").config
+    assert worker_spec(off, tmp_path).online_calibration is None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from tokenpace.core.registry import Registry
 from tokenpace.core.step import StepPlan, StepState
@@ -29,6 +29,21 @@ class Policy(Protocol):
     def plan(self, state: StepState) -> StepPlan: ...
 
     def telemetry(self) -> Mapping[str, float]: ...
+
+
+@runtime_checkable
+class ProfileAware(Protocol):
+    """A policy that can plan from a refitted profile while it runs (online calibration).
+
+    Policies that size their decisions from the engine profile (TWP: l_min; twp_slo: l_min,
+    alpha and the prefill costs) implement it; the baselines keep the profile they were
+    built with, as their published counterparts do."""
+
+    def use_profile(self, profile: EngineProfile) -> None:
+        """Plan from ``profile``'s latency terms from the next ``plan`` on. B0 and the KV
+        facts are those the policy was built with; its state (smoothed ITL, window, learned
+        output lengths) carries over."""
+        ...
 
 
 PolicyFactory = Callable[[EngineProfile, Slo], Policy]

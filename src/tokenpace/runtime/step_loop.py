@@ -15,7 +15,8 @@ from tokenpace.core.request import FinishReason, Request, RequestStatus
 from tokenpace.core.running import RunningBatch
 from tokenpace.core.step import Rejection, ScheduledChunk, StepPlan, StepResult, StepState
 from tokenpace.engine.base import Engine
-from tokenpace.policy.base import Policy
+from tokenpace.policy.base import Policy, ProfileAware
+from tokenpace.profiling.online import OnlineProfileEstimator
 
 _STATUS_OF = {
     FinishReason.ABORT: RequestStatus.ABORTED,
@@ -64,6 +65,8 @@ class StepLoop:
     the policy before any of its tokens was computed (``StepPlan.rejections``: each one
     leaves the queue as REJECTED, joins ``finished`` and is listed in ``rejections`` until
     its owner takes it).
+    With a ``calibrator`` (online calibration) every completed step is fed to it, and each
+    profile it publishes goes to the policy when the policy is ``ProfileAware``.
     """
 
     policy: Policy
@@ -81,6 +84,7 @@ class StepLoop:
     last_step_latency_s: float | None = None
     # Tokens the engine computed (prefill, recompute and decode), summed over steps.
     num_computed_tokens: int = 0
+    calibrator: OnlineProfileEstimator | None = None
 
     @property
     def has_work(self) -> bool:
@@ -185,6 +189,10 @@ class StepLoop:
                     telemetry=dict(self.policy.telemetry()),
                 )
             )
+        if self.calibrator is not None:
+            profile = self.calibrator.observe(result, now_s)
+            if profile is not None and isinstance(self.policy, ProfileAware):
+                self.policy.use_profile(profile)
         self.last_step_latency_s = result.latency_s
         self.step_index += 1
         return done

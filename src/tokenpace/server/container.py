@@ -523,3 +523,5 @@ class ServerContainer:
             load.num_total_blocks,
             load.telemetry,
         )
+        if load.live_profile is not None:
+            self._deps.metrics.observe_profile(self.container_id, load.live_profile)

@@ -19,6 +19,7 @@ from tokenpace.policy import POLICIES
 from tokenpace.pool.autoscaler import Autoscaler
 from tokenpace.pool.router import ROUTERS, build_router
 from tokenpace.pool.scaling import PoolScaler
+from tokenpace.profiling.online import OnlineCalibrationConfig
 from tokenpace.server.admission import AdmissionQueue, QueueBounds
 from tokenpace.server.app import ABORT_GRACE_S, build_app
 from tokenpace.server.engines import ENGINE_CONFIGS, load_tokenizer, prepare_checkpoint
@@ -83,6 +84,7 @@ def worker_spec(options: ServeOptions, checkpoint_dir: Path) -> WorkerSpec:
         ),
         build_dir=cache_dir / f"{options.engine}-runtime",
         slo=Slo(options.slo_ttft_ms, options.slo_tpot_ms),
+        online_calibration=OnlineCalibrationConfig() if options.online_calibration else None,
     )
 
 

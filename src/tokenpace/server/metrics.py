@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from tokenpace.core.request import FinishReason
+from tokenpace.profiling.online import LiveProfile
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -26,6 +27,23 @@ TWP_GAUGES = {
     "slowdown": "twp_slowdown",
     "kv_threshold_blocks": "twp_kv_threshold_blocks",
     "token_load": "twp_token_load",
+}
+
+# Live profile field -> (gauge suffix, help); set only under online calibration.
+PROFILE_GAUGES = {
+    "l_min_ms": ("profile_l_min_ms", "Live profile: decode step latency up to B0 (ms)."),
+    "alpha_ms": ("profile_alpha_ms", "Live profile: step latency per request beyond B0 (ms)."),
+    "b0": ("profile_b0", "Live profile: saturation batch size B0 (requests)."),
+    "prefill_ms_per_token": (
+        "profile_prefill_ms_per_token",
+        "Live profile: prefill cost per prompt token (ms).",
+    ),
+    "mixed_prefill_overhead_ms": (
+        "profile_mixed_prefill_overhead_ms",
+        "Live profile: cost of a prefill chunk riding in a decode step (ms).",
+    ),
+    "num_steps": ("profile_steps", "Steps the live profile was refitted from."),
+    "num_shifts": ("profile_speed_changes", "Changes of engine speed the refit detected."),
 }
 
 
@@ -81,6 +99,10 @@ class ServerMetrics:
         self.twp = {
             key: Gauge(f"tokenpace:{name}", f"TWP telemetry {key}.", mc, registry=r)
             for key, name in TWP_GAUGES.items()
+        }
+        self.profile = {
+            key: Gauge(f"tokenpace:{name}", text, mc, registry=r)
+            for key, (name, text) in PROFILE_GAUGES.items()
         }
         self.success = Counter(
             "tokenpace:request_success",
@@ -232,6 +254,12 @@ class ServerMetrics:
             value = telemetry.get(key)
             if value is not None:
                 gauge.labels(self.model_name, c).set(value)
+
+    def observe_profile(self, container_id: int, live: LiveProfile) -> None:
+        """The live (online-calibrated) profile of container ``container_id``."""
+        c = str(container_id)
+        for key, gauge in self.profile.items():
+            gauge.labels(self.model_name, c).set(float(getattr(live, key)))
 
     def set_container_states(self, counts: Mapping[str, int]) -> None:
         for state, count in counts.items():

@@ -118,6 +118,11 @@ class ServeOptions:
         "vLLM's seed (default: fresh entropy; vLLM 0).",
     )
     b0: int = option(8, "Saturation batch size B0 given to the policy's profile.")
+    online_calibration: bool = option(
+        True,
+        "Refit each engine's profile (l_min, alpha, prefill cost) from the steps it serves "
+        "and pace with it; --no-online-calibration keeps the profile measured at start.",
+    )
     mean_output_tokens: float = option(64.0, "Expected mean output length given to the profile.")
     default_max_tokens: int = option(256, "max_tokens when a request omits it (capped by context).")
     max_queued_requests: int = option(

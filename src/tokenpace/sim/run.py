@@ -12,6 +12,7 @@ from tokenpace.core.request import Request
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.engine.sim import SimEngine
 from tokenpace.policy.base import Policy
+from tokenpace.profiling.online import OnlineCalibrationConfig, OnlineProfileEstimator
 from tokenpace.runtime.step_loop import StepLoop, StepRecord
 from tokenpace.sim.kernel import EventKernel
 from tokenpace.sim.server import PRIORITY_ARRIVAL, SimServer
@@ -38,12 +39,17 @@ def simulate(
     profile: EngineProfile,
     rng: np.random.Generator,
     record_steps: bool = True,
+    calibration: OnlineCalibrationConfig | None = None,
 ) -> SimOutcome:
     """Replay ``specs`` through one server running ``policy`` on a SimEngine (which stops
-    each request at its true output length); returns when every request has finished."""
+    each request at its true output length); returns when every request has finished.
+    ``calibration``: refit the profile online from the simulated steps and hand it to the
+    policy (default None: the policy keeps ``profile``, as every benchmark assumes)."""
     kernel = EventKernel()
     engine = SimEngine(profile, rng, true_output_lengths(specs))
     loop = StepLoop(policy, engine, record_steps=record_steps)
+    if calibration is not None:
+        loop.calibrator = OnlineProfileEstimator(profile, calibration)
     server = SimServer(kernel, loop)
     requests = to_requests(specs)
     for request in requests:

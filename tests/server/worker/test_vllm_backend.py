@@ -23,6 +23,8 @@ from tests.engine.vllm.model import (
 from tokenpace.core.request import FinishReason
 from tokenpace.core.sampling import SamplingParams
 from tokenpace.engine.vllm.config import VllmEngineConfig
+from tokenpace.policy.twp.policy import TwpPolicy
+from tokenpace.profiling.online import OnlineCalibrationConfig
 from tokenpace.server.worker.wire import Calibration, Finished, Report, WorkerSpec, WorkItem
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -32,7 +34,8 @@ GREEDY = SamplingParams(ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def backend() -> Iterator[Any]:
-    """A ``VllmBackend`` running policy twp with a profile measured at start."""
+    """A ``VllmBackend`` running policy twp with a profile measured at start and online
+    calibration on (as ``tokenpace serve`` builds it)."""
     pytest.importorskip("vllm", reason="needs the vllm extra (scripts/setup.sh vllm)")
     model = embedded_model()
     with pytest.MonkeyPatch.context() as patch:
@@ -53,6 +56,7 @@ def backend() -> Iterator[Any]:
             policy="twp",
             calibration=Calibration("smollm2-vllm-cpu", 8, 16.0, MAX_MODEL_LEN),
             build_dir=BUILD,
+            online_calibration=OnlineCalibrationConfig(),
         )
         built: Any = build_vllm(spec, time.perf_counter)
         yield built
@@ -156,3 +160,20 @@ def test_stop_string_ends_the_request_with_stop(backend: Any) -> None:
     assert finished.reason is FinishReason.STOP
     # vLLM reports the token that completed the stop string; the server cuts the text.
     assert finished.num_output_tokens == num_tokens < 40
+
+
+def test_online_calibration_refits_the_profile_twp_plans_from(backend: Any) -> None:
+    """Every step the scheduler runs feeds the estimator; its refit reaches the policy."""
+    run_until_idle(backend)
+    before = backend.load_state().live_profile
+    assert before is not None
+    backend.add([item(60 + i, 12, 24) for i in range(3)])
+    run_until_idle(backend)
+    live = backend.load_state().live_profile
+    assert live is not None and live.num_steps >= before.num_steps + 24
+    assert live.updated_s is not None and live.b0 == backend.profile.b0
+    policy = backend._scheduler.tokenpace_policy
+    assert isinstance(policy, TwpPolicy)
+    assert policy.config.l_min_ms == live.l_min_ms == backend.live_profile.l_min_ms
+    # Within a factor of the start-up measurement: the same engine on the same machine.
+    assert 0.25 < live.l_min_ms / backend.profile.l_min_ms < 4

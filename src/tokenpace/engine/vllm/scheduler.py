@@ -38,6 +38,8 @@ from tokenpace.engine.vllm.step_log import SchedulerStepRecord, StepLog
 from tokenpace.engine.vllm.timing import StepTimer
 from tokenpace.engine.vllm.version import require_supported_vllm
 from tokenpace.policy import Policy
+from tokenpace.policy.base import ProfileAware
+from tokenpace.profiling.online import OnlineProfileEstimator, StepSample
 
 require_supported_vllm()
 
@@ -78,6 +80,8 @@ class TokenpaceScheduler(Scheduler):  # type: ignore[misc]
         self.mirror = RequestMirror()
         self.step_log = StepLog(settings.max_step_records, settings.step_log_path)
         self.timer = StepTimer()
+        # Online calibration (set by the serving backend): refits the profile every step.
+        self.calibrator: OnlineProfileEstimator | None = None
         self.step_index = 0
         self._num_withheld = 0
         self._preempted_ids: list[str] = []
@@ -171,7 +175,10 @@ class TokenpaceScheduler(Scheduler):  # type: ignore[misc]
             if engine_request.is_finished():
                 self.mirror.finish(engine_id, now, _finish_reason(engine_request.status))
         still_busy = bool(self.running) or bool(self.waiting) or bool(self.kv_holding_waiting)
-        self.timer.completed(now, scheduler_output.total_num_scheduled_tokens, still_busy)
+        total = scheduler_output.total_num_scheduled_tokens
+        latency = self.timer.completed(now, total, still_busy)
+        if latency is not None and self.calibrator is not None:
+            self._calibrate(scheduler_output.num_scheduled_tokens, int(total), latency, now)
         return outputs
 
     def finish_requests(self, request_ids: Any, finished_status: Any) -> Any:
@@ -192,6 +199,18 @@ class TokenpaceScheduler(Scheduler):  # type: ignore[misc]
         super().shutdown()
 
     # ---- internals ------------------------------------------------------------------------
+
+    def _calibrate(
+        self, scheduled: dict[str, int], total: int, latency_s: float, now: float
+    ) -> None:
+        """Feed one step to the online calibrator (a request computing one token decodes,
+        the rest is prefill) and hand a published profile to a ``ProfileAware`` policy."""
+        assert self.calibrator is not None
+        num_decode = sum(1 for n in scheduled.values() if n == 1)
+        sample = StepSample(latency_s, num_decode, total - num_decode)
+        profile = self.calibrator.observe(sample, now)
+        if profile is not None and isinstance(self.tokenpace_policy, ProfileAware):
+            self.tokenpace_policy.use_profile(profile)
 
     def _snapshot(self, now: float) -> StepState:
         running: Any = self.running

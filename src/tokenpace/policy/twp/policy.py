@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import numpy as np
 import numpy.typing as npt
@@ -146,6 +147,12 @@ class TwpPolicy:
             final_tokens, self.expected.error_tokens, state.num_total_blocks, state.block_size
         )
         return self.reservation
+
+    def use_profile(self, profile: EngineProfile) -> None:
+        """Measure slowdown against ``profile``'s l_min from the next step on (the window
+        and the smoothed ITL carry over)."""
+        self.config = replace(self.config, l_min_ms=profile.l_min_ms)
+        self.window.config = self.config
 
     def expected_output(self, request: Request) -> float | None:
         """Read-only: the output tokens this policy expects ``request`` to generate (its

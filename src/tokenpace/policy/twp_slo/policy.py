@@ -285,6 +285,26 @@ class TwpSloPolicy:
             self.expected.queue_totals(state.waiting),
         )  # fmt: skip
 
+    def use_profile(self, profile: EngineProfile) -> None:
+        """Plan from ``profile``'s l_min, alpha and prefill costs from the next step on: the
+        window's nominal size, the prefill budget and the step predictions follow them."""
+        cfg = self.config
+        self.config = replace(
+            cfg,
+            base=replace(cfg.base, l_min_ms=profile.l_min_ms),
+            alpha_ms=profile.alpha_ms,
+            prefill_ms_per_token=profile.prefill_ms_per_token,
+            mixed_prefill_overhead_ms=profile.mixed_prefill_overhead_ms,
+        )
+        self.window.retarget(self.config)
+        self._latency.profile = replace(
+            self._latency.profile,
+            l_min_ms=profile.l_min_ms,
+            alpha_ms=profile.alpha_ms,
+            prefill_ms_per_token=profile.prefill_ms_per_token,
+            mixed_prefill_overhead_ms=profile.mixed_prefill_overhead_ms,
+        )
+
     def expected_output(self, request: Request) -> float | None:
         """Read-only: the output tokens this policy expects ``request`` to generate (its
         learned estimate), or None before it has seen a request finish."""

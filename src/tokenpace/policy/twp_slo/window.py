@@ -29,12 +29,17 @@ class RequestWindow:
     """Holds the smoothed ITL and the window W_t (requests)."""
 
     def __init__(self, cfg: TwpSloConfig) -> None:
-        self.cfg = cfg
-        self.reference_ms = cfg.itl_target_ms if cfg.use_itl_target else cfg.base.l_min_ms
-        self.nominal = profile_batch_target(cfg) if cfg.use_profile_window else float(cfg.base.b0)
+        self.retarget(cfg)
         self.window = self.nominal
         self.target = self.nominal
         self.smoothed_itl_ms: float | None = None
+
+    def retarget(self, cfg: TwpSloConfig) -> None:
+        """Take the reference ITL and the nominal window from ``cfg`` (a refitted profile's
+        terms); the window moves toward the new nominal at the usual gain."""
+        self.cfg = cfg
+        self.reference_ms = cfg.itl_target_ms if cfg.use_itl_target else cfg.base.l_min_ms
+        self.nominal = profile_batch_target(cfg) if cfg.use_profile_window else float(cfg.base.b0)
 
     @property
     def slowdown(self) -> float:

@@ -14,6 +14,7 @@ from tokenpace.engine.native.probe import NativeProbe
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.metrics.slo import Slo
 from tokenpace.policy import Policy, build_policy
+from tokenpace.profiling.online import OnlineCalibrationConfig, OnlineProfileEstimator
 from tokenpace.profiling.sweep import SweepConfig
 from tokenpace.runtime.step_loop import StepLoop, StepRecord
 from tokenpace.server.worker.backend import BACKENDS, Clock
@@ -26,7 +27,9 @@ DTYPE_DECODE_STEPS = 6
 
 
 class StepLoopBackend:
-    """A ``StepLoop`` over a loaded engine: the policy plans every step."""
+    """A ``StepLoop`` over a loaded engine: the policy plans every step. With
+    ``calibration`` the loop refits the profile from every step (online calibration), the
+    policy plans from the refitted one and ``load_state`` carries its figures."""
 
     def __init__(
         self,
@@ -35,12 +38,14 @@ class StepLoopBackend:
         policy: Policy,
         clock: Clock,
         dtype_choice: DtypeChoice,
+        calibration: OnlineCalibrationConfig | None = None,
     ) -> None:
         self._engine = engine
         self.dtype_choice = dtype_choice
         self._profile = profile
         self._clock = clock
-        self._loop = StepLoop(policy, engine, record_steps=False)
+        self._calibration = calibration
+        self._loop = self._new_loop(policy, profile, record_steps=False)
         self._requests: dict[int, Request] = {}
         self._waiting_ids: set[int] = set()
         # Prompt logprobs gathered chunk by chunk (by prompt position) until the prompt is
@@ -49,15 +54,39 @@ class StepLoopBackend:
 
     @classmethod
     def over(
-        cls, engine: NativeEngine, profile: EngineProfile, policy: str, slo: Slo, clock: Clock
+        cls,
+        engine: NativeEngine,
+        profile: EngineProfile,
+        policy: str,
+        slo: Slo,
+        clock: Clock,
+        calibration: OnlineCalibrationConfig | None = None,
     ) -> StepLoopBackend:
         """A backend over an engine loaded elsewhere (in its configured precision)."""
         choice = DtypeChoice(str(engine.loaded.dtype).removeprefix("torch."), profile.b0)
-        return cls(engine, profile, build_policy(policy, profile, slo), clock, choice)
+        policy_object = build_policy(policy, profile, slo)
+        return cls(engine, profile, policy_object, clock, choice, calibration)
+
+    def _new_loop(self, policy: Policy, profile: EngineProfile, record_steps: bool) -> StepLoop:
+        loop = StepLoop(policy, self._engine, record_steps=record_steps)
+        if self._calibration is not None:
+            loop.calibrator = OnlineProfileEstimator(profile, self._calibration)
+        return loop
 
     @property
     def profile(self) -> EngineProfile:
         return self._profile
+
+    @property
+    def live_profile(self) -> EngineProfile:
+        """The profile the policy plans from now: the last online refit, or ``profile``."""
+        calibrator = self._loop.calibrator
+        return self._profile if calibrator is None else calibrator.profile
+
+    @property
+    def policy(self) -> Policy:
+        """The policy in charge (read-only use: telemetry, window state)."""
+        return self._loop.policy
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -121,7 +150,7 @@ class StepLoopBackend:
         if self._loop.has_work:
             raise RuntimeError("the policy can only change while no request is in the engine")
         self._profile = profile
-        self._loop = StepLoop(build_policy(name, profile, slo), self._engine, record_steps)
+        self._loop = self._new_loop(build_policy(name, profile, slo), profile, record_steps)
 
     def step_records(self) -> list[StepRecord]:
         return list(self._loop.steps)
@@ -233,6 +262,7 @@ class StepLoopBackend:
             num_used_blocks=engine.num_total_blocks - engine.num_free_blocks,
             num_total_blocks=engine.num_total_blocks,
             telemetry=dict(loop.policy.telemetry()),
+            live_profile=None if loop.calibrator is None else loop.calibrator.live(),
         )
 
 
@@ -251,7 +281,7 @@ def build_native(spec: WorkerSpec, clock: Clock) -> StepLoopBackend:
     if profile is None:
         profile = measure_profile(NativeProbe(engine), spec.calibration)
     policy = build_policy(spec.policy, profile, spec.slo)
-    return StepLoopBackend(engine, profile, policy, clock, choice)
+    return StepLoopBackend(engine, profile, policy, clock, choice, spec.online_calibration)
 
 
 def _load_engine(

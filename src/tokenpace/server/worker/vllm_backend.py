@@ -24,6 +24,7 @@ from tokenpace.engine.vllm.start import start_engine
 from tokenpace.engine.vllm.step_log import to_step_records
 from tokenpace.metrics.slo import Slo
 from tokenpace.policy import Policy, build_policy
+from tokenpace.profiling.online import OnlineCalibrationConfig, OnlineProfileEstimator
 from tokenpace.runtime.step_loop import StepRecord
 from tokenpace.server.worker.backend import BACKENDS, Clock
 from tokenpace.server.worker.dtype_choice import DtypeChoice
@@ -61,7 +62,12 @@ class VllmBackend:
     """A ``ServingBackend`` over an in-process ``vllm.LLM`` whose scheduler is tokenpace's."""
 
     def __init__(
-        self, llm: Any, profile: EngineProfile, clock: Clock, dtype_choice: DtypeChoice
+        self,
+        llm: Any,
+        profile: EngineProfile,
+        clock: Clock,
+        dtype_choice: DtypeChoice,
+        calibration: OnlineCalibrationConfig | None = None,
     ) -> None:
         from tokenpace.engine.vllm.scheduler import scheduler_of
 
@@ -71,6 +77,8 @@ class VllmBackend:
         self._scheduler: TokenpaceScheduler = scheduler_of(llm)
         self._profile = profile
         self._clock = clock
+        self._calibration = calibration
+        self._calibrate_from(profile)
         self._live: dict[int, _Live] = {}
         self._first_recorded_step: int | None = None
         # vLLM reports outputs under the id we passed; its internal id is kept as a fallback.
@@ -79,6 +87,18 @@ class VllmBackend:
     @property
     def profile(self) -> EngineProfile:
         return self._profile
+
+    def _calibrate_from(self, profile: EngineProfile) -> None:
+        """Start online calibration from ``profile`` (when configured): the scheduler feeds
+        every step to the estimator and hands its refits to the policy."""
+        if self._calibration is not None:
+            self._scheduler.calibrator = OnlineProfileEstimator(profile, self._calibration)
+
+    @property
+    def live_profile(self) -> EngineProfile:
+        """The profile the policy plans from now: the last online refit, or ``profile``."""
+        calibrator = self._scheduler.calibrator
+        return self._profile if calibrator is None else calibrator.profile
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -218,6 +238,7 @@ class VllmBackend:
             num_used_blocks=num_total - scheduler.num_free_blocks,
             num_total_blocks=num_total,
             telemetry=dict(scheduler.tokenpace_policy.telemetry()),
+            live_profile=None if scheduler.calibrator is None else scheduler.calibrator.live(),
         )
 
     def encode(self, text: str) -> list[int]:
@@ -230,6 +251,7 @@ class VllmBackend:
             raise RuntimeError("the policy can only change while no request is in the engine")
         self._profile = profile
         self._scheduler.use_policy(policy_for(self._llm, name, profile, slo))
+        self._calibrate_from(profile)
         self._first_recorded_step = self._scheduler.step_index if record_steps else None
 
     def step_records(self) -> list[StepRecord]:
@@ -273,7 +295,7 @@ def build_vllm(spec: WorkerSpec, clock: Clock) -> VllmBackend:
     scheduler.use_policy(policy_for(llm, spec.policy, profile, spec.slo))
     # vLLM starts too slowly to load twice: auto follows the hardware rule (engine.dtype).
     choice = DtypeChoice(config.resolved_dtype, spec.calibration.b0)
-    return VllmBackend(llm, profile, clock, choice)
+    return VllmBackend(llm, profile, clock, choice, spec.online_calibration)
 
 
 def policy_for(llm: Any, name: str, profile: EngineProfile, slo: Slo | None = None) -> Policy:

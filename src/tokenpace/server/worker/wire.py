@@ -15,6 +15,7 @@ from tokenpace.core.request import FinishReason
 from tokenpace.core.sampling import SamplingParams
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.metrics.slo import Slo
+from tokenpace.profiling.online import LiveProfile, OnlineCalibrationConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +49,8 @@ class WorkerSpec:
     """What a worker process needs to build its backend: the engine registry name and its
     config, the policy registry name, the profile measured by an earlier incarnation (None:
     measure one), where build caches go, the SLO that SLO-targeted policies aim at, and the
-    precision an earlier incarnation chose for ``auto`` (None: choose)."""
+    precision an earlier incarnation chose for ``auto`` (None: choose), and how the engine
+    refits its profile from the steps it serves (None: the policy keeps the profile)."""
 
     engine: str
     engine_config: object
@@ -58,6 +60,7 @@ class WorkerSpec:
     build_dir: Path | None = None
     slo: Slo = field(default_factory=Slo)
     dtype: str | None = None  # chosen by an earlier incarnation under --dtype auto
+    online_calibration: OnlineCalibrationConfig | None = None
 
 
 # -- server -> worker ------------------------------------------------------------------
@@ -123,7 +126,8 @@ class Finished:
 @dataclass(frozen=True, slots=True)
 class LoadState:
     """The engine's load after a step: requests, outstanding tokens (uncomputed prompt plus
-    remaining output), KV blocks and the policy's telemetry."""
+    remaining output), KV blocks, the policy's telemetry and, under online calibration, the
+    live profile's figures."""
 
     num_waiting: int = 0
     num_running: int = 0
@@ -131,6 +135,7 @@ class LoadState:
     num_used_blocks: int = 0
     num_total_blocks: int = 1
     telemetry: dict[str, float] = field(default_factory=dict)
+    live_profile: LiveProfile | None = None
 
 
 @dataclass(frozen=True, slots=True)
