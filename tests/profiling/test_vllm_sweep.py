@@ -17,7 +17,7 @@ from tokenpace.profiling.sweep import SweepConfig, run_sweep
 from tokenpace.server.worker.dtype_choice import DtypeChoice
 
 # Three batch sizes, two prefill chunks, short outputs: a few seconds of engine steps. The
-# largest batch is far enough from the others for the fit to see the step time rise, and three
+# largest batch is far enough from the others for the fit to see the step time rise, and two
 # rounds of the decode points let a burst of contention from other processes pass.
 SMALL = SweepConfig(
     batch_sizes=(1, 4, 32),
@@ -30,8 +30,8 @@ SMALL = SweepConfig(
     mixed_chunk=32,
     steps_per_point=4,
     warmup_steps=1,
-    repeats=2,
-    decode_rounds=3,
+    repeats=1,
+    decode_rounds=2,
 )
 
 
