@@ -19,9 +19,14 @@ from tokenpace.workload.spec import RequestSpec
 
 
 def same(a: RunningColumns, b: RunningColumns) -> bool:
-    return a.request_ids == b.request_ids and all(
-        np.array_equal(getattr(a, k), getattr(b, k))
-        for k in ("prompts", "produced", "computed", "caps")
+    ones_in_order = list(a.ones.items()) == list(b.ones.items()) == [(i, 1) for i in a.request_ids]
+    return (
+        a.request_ids == b.request_ids
+        and ones_in_order
+        and all(
+            np.array_equal(getattr(a, k), getattr(b, k))
+            for k in ("prompts", "produced", "computed", "caps")
+        )
     )
 
 

@@ -24,24 +24,30 @@ IntArray = npt.NDArray[np.int64]
 class RunningColumns:
     """Per running request, in ``running`` order: ids, prompt tokens, output tokens
     produced, tokens in the KV cache and max_tokens; ``prefilling`` marks those with more
-    than their newest token left to compute (or no output yet), as ``Request.is_prefilling``."""
+    than their newest token left to compute (or no output yet), as ``Request.is_prefilling``.
+    ``ones`` maps every id to 1 (a decoding request's tokens in a step), in order: kept by
+    whoever owns the running list, so that a policy copies it instead of building it; readers
+    never mutate it."""
 
     request_ids: list[int]
     prompts: IntArray
     produced: IntArray
     computed: IntArray
     caps: IntArray
+    ones: dict[int, int]
 
     @staticmethod
     def of(running: Sequence[Request]) -> RunningColumns:
         """Read the columns of ``running`` (list comprehensions: the fastest attribute
         reads CPython offers for slotted objects)."""
+        ids = [r.request_id for r in running]
         return RunningColumns(
-            [r.request_id for r in running],
+            ids,
             np.array([r.num_prompt_tokens for r in running], dtype=np.int64),
             np.array([len(r.token_times_s) for r in running], dtype=np.int64),
             np.array([r.num_computed_tokens for r in running], dtype=np.int64),
             np.array([r.max_tokens for r in running], dtype=np.int64),
+            dict.fromkeys(ids, 1),
         )
 
     @property
@@ -54,14 +60,15 @@ class RunningColumns:
         """Positions of the requests still prefilling, in order."""
         return np.flatnonzero((self.produced == 0) | (self.uncomputed > 1))
 
-    def decoding_ids(self, prefilling: npt.NDArray[np.intp]) -> list[int]:
-        """Ids of every request not at a position in ``prefilling``, in order."""
-        if not len(prefilling):
-            return self.request_ids
-        keep = np.ones(len(self.request_ids), dtype=bool)
-        keep[prefilling] = False
-        ids = self.request_ids
-        return [ids[i] for i in np.flatnonzero(keep).tolist()]
+    def decoding_tokens(self, prefilling: npt.NDArray[np.intp]) -> dict[int, int]:
+        """A new dict mapping the id of every request not at a position in ``prefilling`` to
+        1, in order (a copy of ``ones``: no per-request work when nobody prefills)."""
+        tokens = self.ones.copy()
+        if len(prefilling):
+            ids = self.request_ids
+            for position in prefilling.tolist():
+                del tokens[ids[position]]
+        return tokens
 
 
 class RunningBatch:
@@ -81,6 +88,7 @@ class RunningBatch:
         self._produced: list[int] = []
         self._computed: list[int] = []
         self._caps: list[int] = []
+        self._ones: dict[int, int] = {}
         self.positions: dict[int, int] = {}
 
     def append(self, request: Request) -> None:
@@ -91,6 +99,7 @@ class RunningBatch:
         self._produced.append(len(request.token_times_s))
         self._computed.append(request.num_computed_tokens)
         self._caps.append(request.max_tokens)
+        self._ones[request.request_id] = 1
 
     def update(self, position: int, request: Request) -> None:
         """Re-read the counters that change while running (tokens computed and produced)."""
@@ -104,6 +113,8 @@ class RunningBatch:
         self._requests[:] = [self._requests[i] for i in keep]
         for column in (self._ids, self._prompts, self._produced, self._computed, self._caps):
             column[:] = [column[i] for i in keep]
+        for request_id in request_ids:
+            self._ones.pop(request_id, None)
         self.positions = {rid: i for i, rid in enumerate(self._ids)}
 
     def reset(self, running: Sequence[Request]) -> None:
@@ -111,6 +122,7 @@ class RunningBatch:
         for column in (self._requests, self._ids, self._prompts, self._produced,
                        self._computed, self._caps):  # fmt: skip
             column.clear()
+        self._ones = {}
         self.positions = {}
         for request in running:
             self.append(request)
@@ -128,4 +140,5 @@ class RunningBatch:
             np.array(self._produced, dtype=np.int64),
             np.array(self._computed, dtype=np.int64),
             np.array(self._caps, dtype=np.int64),
+            self._ones.copy(),
         )

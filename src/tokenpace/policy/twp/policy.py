@@ -80,7 +80,7 @@ class TwpPolicy:
         # this step: one for each decoding request, up to C for each one still prefilling.
         chunk = cfg.chunk_tokens
         prefilling_at = columns.prefilling_positions()
-        scheduled: dict[int, int] = dict.fromkeys(columns.decoding_ids(prefilling_at), 1)
+        scheduled: dict[int, int] = columns.decoding_tokens(prefilling_at)
         if len(prefilling_at):
             uncomputed = columns.uncomputed[prefilling_at].tolist()
             ids = columns.request_ids

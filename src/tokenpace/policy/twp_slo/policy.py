@@ -89,7 +89,7 @@ class TwpSloPolicy:
 
         # Decoding requests compute one token; the prefilling ones share the budget.
         prefilling_at = columns.prefilling_positions()
-        scheduled: dict[int, int] = dict.fromkeys(columns.decoding_ids(prefilling_at), 1)
+        scheduled: dict[int, int] = columns.decoding_tokens(prefilling_at)
         num_decoding = len(scheduled)
         budget = self.budget
         if cfg.use_prefill_budget:
