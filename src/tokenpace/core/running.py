@@ -58,7 +58,12 @@ class RunningColumns:
 
     def prefilling_positions(self) -> npt.NDArray[np.intp]:
         """Positions of the requests still prefilling, in order."""
-        return np.flatnonzero((self.produced == 0) | (self.uncomputed > 1))
+        produced = self.produced
+        uncomputed = self.prompts + produced
+        uncomputed -= self.computed
+        prefilling = uncomputed > 1
+        prefilling |= produced == 0
+        return prefilling.nonzero()[0]
 
     def decoding_tokens(self, prefilling: npt.NDArray[np.intp]) -> dict[int, int]:
         """A new dict mapping the id of every request not at a position in ``prefilling`` to

@@ -276,10 +276,10 @@ class OutputLengthEstimator:
         """A lower bound of the expected output of any request not yet started whose cap is
         at least ``smallest_cap``: the estimate is monotone in the cap and a blend lies
         between its curves."""
-        cap = np.array([smallest_cap], dtype=np.int64)
-        zero = np.zeros(1, dtype=np.int64)
         if self._pooled_curve is None:
             return float(smallest_cap)
+        cap = np.array([smallest_cap], dtype=np.int64)
+        zero = np.zeros(1, dtype=np.int64)
         curves = [self._pooled_curve, *(c for c in self._curves if c is not None)]
         return min(float(c.remaining(zero, cap)[0]) for c in curves)
 
