@@ -61,23 +61,28 @@ async def first_event(
     ``disconnect_poll_s`` seconds that the client is still there. Raises ApiError(429) when
     the policy rejected the request (its first and only event) and ``ClientGone`` (after
     aborting the request) when the client left."""
-    queue = submission.handle.queue
-    got = False
+    event = None
     try:
-        while True:
-            try:
-                event = await asyncio.wait_for(queue.get(), disconnect_poll_s)
-            except TimeoutError:
-                if await http.is_disconnected():
-                    raise ClientGone from None
-                continue
-            got = True
-            if isinstance(event, FinishEvent) and event.reason is FinishReason.REJECT:
-                raise rejection_error(event, retry_after_s)
-            return event
+        event = await _next_event(submission, http, disconnect_poll_s)
     finally:
-        if not got:
+        if event is None:
             abort(submission)
+    if event is None:
+        raise ClientGone
+    if isinstance(event, FinishEvent) and event.reason is FinishReason.REJECT:
+        raise rejection_error(event, retry_after_s)
+    return event
+
+
+async def _next_event(submission: InFlight, http: Request, poll_s: float) -> Event | None:
+    """The request's next event, checking every ``poll_s`` seconds that the client is
+    still there; None when it left."""
+    while True:
+        try:
+            return await asyncio.wait_for(submission.handle.queue.get(), poll_s)
+        except TimeoutError:
+            if await http.is_disconnected():
+                return None
 
 
 class ClientGone(Exception):
@@ -152,16 +157,12 @@ async def collect_response(
     """Wait for the whole output, checking every ``disconnect_poll_s`` seconds that the
     client is still there (a gone client aborts the request). A request the policy rejected
     is answered 429 with ``Retry-After: retry_after_s``."""
-    queue = submission.handle.queue
     finished = False
     try:
         while True:
-            try:
-                event = await asyncio.wait_for(queue.get(), disconnect_poll_s)
-            except TimeoutError:
-                if await http.is_disconnected():
-                    return JSONResponse(error_body(400, "client disconnected", None, None), 499)
-                continue
+            event = await _next_event(submission, http, disconnect_poll_s)
+            if event is None:
+                return JSONResponse(error_body(400, "client disconnected", None, None), 499)
             if isinstance(event, PromptLogprobsEvent):
                 output.prompt_logprobs(event)
             elif isinstance(event, TokenEvent):
