@@ -8,6 +8,8 @@ Poisson arrivals at each load) on the real engine and on the simulator under
 ``--scheduler``. Every request runs to its drawn output length on both.
 The knee's SLO is tokenpace bench's default (TTFT 2 s, TPOT 100 ms) scaled by how much
 slower the engine's l_min is than the reference profile's (never tightened), unless given.
+Each load's line on stderr also gives the errors of a simulator on Eq. 2 alone (the profile
+without its measured decode residual), to show what the residual contributes.
 ``--quick`` is a smoke test: a reduced profiling sweep and a few requests per load.
 Prints one JSON object on its last line:
 ``{"native": {"0.5": {"itl_mean": e, "ttft_p50": e, "ttft_p99": e, "throughput": e}, ...},
@@ -132,7 +134,8 @@ def run(args: Settings) -> None:
             raise SystemExit(f"{engine}: no load meets the SLO {slo}; give looser --slo-*-ms")
         print(
             f"{engine}: profile l_min {profile.l_min_ms:.1f} ms, b0 {profile.b0}, alpha "
-            f"{profile.alpha_ms:.2f} ms; SLO {slo.ttft_ms:.0f}/{slo.tpot_ms:.0f} ms; "
+            f"{profile.alpha_ms:.2f} ms, decode residual {profile.decode_residual_ms}; "
+            f"SLO {slo.ttft_ms:.0f}/{slo.tpot_ms:.0f} ms; "
             f"knee {knee:.3f} req/s",
             file=sys.stderr, flush=True,
         )  # fmt: skip
@@ -143,6 +146,7 @@ def run(args: Settings) -> None:
                     runners, engine, args.scheduler, workload, args.seed, profile, slo
                 )
                 errors = {NAMES[k]: round(v, 4) for k, v in measured.relative_error.items()}
+                eq2_errors = {NAMES[k]: round(v, 4) for k, v in measured.eq2_relative_error.items()}
                 result[engine][f"{load:g}" if load != 1 else "1.0"] = errors
                 real, sim = measured.real, measured.simulated
                 print(
@@ -154,7 +158,7 @@ def run(args: Settings) -> None:
                     f"{sim['ttft_ms']['p50']:.0f}/{sim['ttft_ms']['p99']:.0f} ms, "
                     f"{sim['throughput_tok_s']:.1f} tok/s; real per-step cost outside the "
                     f"measured step latency {measured.real_step_overhead_ms:.2f} ms; "
-                    f"errors {errors}",
+                    f"errors {errors}; on Eq. 2 alone {eq2_errors}",
                     file=sys.stderr,
                     flush=True,
                 )

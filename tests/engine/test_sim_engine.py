@@ -84,3 +84,27 @@ def test_profiles_load_by_name_and_report_bad_input(tmp_path) -> None:  # type: 
     again = tmp_path / "again.json"
     again.write_text(profile.to_json())
     assert load_profile(again) == profile
+
+
+def test_decode_residual_is_interpolated_and_held_beyond_the_sweep(
+    paper_profile: EngineProfile,
+) -> None:
+    profile = replace(paper_profile, decode_residual_ms=((1, -5.0), (8, 0.0), (16, 4.0)))
+    model = LatencyModel(profile)  # Eq. 2: 43 ms up to B0 8, +1 ms per request beyond
+    assert model.decode_ms(1) == pytest.approx(38.0)
+    assert model.decode_ms(4) == pytest.approx(43.0 - 5.0 * 4 / 7)
+    assert model.decode_ms(12) == pytest.approx(43.0 + 4 + 2.0)
+    assert model.decode_ms(40) == pytest.approx(43.0 + 32 + 4.0)  # last value held
+    # A prefill-only step pays the floor at the smallest swept batch.
+    assert model.step_s(0, [PrefillChunk(10, 0)]) == pytest.approx(
+        (38.0 + model.prefill_ms(PrefillChunk(10, 0))) / 1000
+    )
+
+
+def test_decode_residual_round_trips_and_is_validated(paper_profile: EngineProfile) -> None:
+    profile = replace(paper_profile, decode_residual_ms=((1, -2.5), (4, 1.0)))
+    import json
+
+    assert EngineProfile.from_dict(json.loads(profile.to_json())) == profile
+    with pytest.raises(ValueError, match="increasing order"):
+        replace(paper_profile, decode_residual_ms=((4, 1.0), (2, 0.0)))

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from tokenpace.engine.latency_model import LatencyModel, PrefillChunk
 from tokenpace.engine.profile import load_profile
-from tokenpace.profiling.fit import fit_eq2, fit_eq2_discrete, fit_prefill
+from tokenpace.profiling.fit import decode_residuals, fit_eq2, fit_eq2_discrete, fit_prefill
 from tokenpace.profiling.points import DecodePoint, MixedPoint, PrefillPoint
 
 BATCHES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
@@ -84,3 +86,23 @@ def test_a_knee_between_measured_batches_is_found() -> None:
     assert fit.b0 == 10
     assert fit.l_min_ms == pytest.approx(20.0)
     assert fit_eq2_discrete(decode_points(20.0, 10, 0.8)).b0 in (8, 12)
+
+
+def test_the_decode_residual_makes_the_model_pass_through_every_point() -> None:
+    # A CPU-like curve: a cheap single row, then a jump, a dip and slow growth.
+    measured = {1: 49.0, 2: 86.0, 4: 95.2, 8: 90.3, 16: 110.5, 32: 154.6}
+    points = [DecodePoint(b, 128, ms, 0.0) for b, ms in measured.items()]
+    eq2 = fit_eq2(points)
+    residual = decode_residuals(eq2, points)
+    assert [size for size, _ in residual] == sorted(measured)
+    profile = replace(
+        load_profile("v100-llama-3.2-3b"), l_min_ms=eq2.l_min_ms, b0=eq2.b0,
+        alpha_ms=eq2.alpha_ms, decode_residual_ms=residual,
+    )  # fmt: skip
+    model = LatencyModel(profile)
+    for batch, ms in measured.items():
+        assert model.decode_ms(batch) == pytest.approx(ms, abs=1e-3)
+    # Between swept sizes the model interpolates; it never leaves the measured bracket.
+    assert min(measured[16], measured[32]) <= model.decode_ms(24) <= max(measured[16], measured[32])
+    # Eq. 2 alone misses the single-row step by more than 10%.
+    assert abs(eq2.predict_ms(1) - measured[1]) > 0.1 * measured[1]

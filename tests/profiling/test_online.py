@@ -86,6 +86,20 @@ def test_converges_to_the_true_terms() -> None:
     assert estimator.updated_s is not None
 
 
+def test_a_measured_decode_residual_is_a_fixed_shape_not_a_bias() -> None:
+    # A curve that is not Eq. 2: cheap single rows, a bump at small batches.
+    shape = ((1, -12.0), (2, 6.0), (4, 8.0), (8, 0.0), (16, -3.0), (24, 0.0))
+    curved = replace(truth(), decode_residual_ms=shape)
+    start = replace(prior(), decode_residual_ms=shape)
+    estimator = OnlineProfileEstimator(start, OnlineCalibrationConfig())
+    run(estimator, steps(curved, 400, np.random.default_rng(4)))
+    live = estimator.profile
+    assert live.l_min_ms == pytest.approx(curved.l_min_ms, rel=0.03)
+    assert live.alpha_ms == pytest.approx(curved.alpha_ms, rel=0.1)
+    assert live.decode_residual_ms == shape
+    assert estimator.predict_ms(1, 0) == pytest.approx(30.0 - 12.0, rel=0.05)
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
 @pytest.mark.parametrize(
     "slowed",

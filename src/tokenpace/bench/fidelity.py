@@ -5,7 +5,7 @@ set relative to the engine's knee."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -39,12 +39,15 @@ COMPARED = {
 @dataclass(frozen=True, slots=True)
 class FidelityResult:
     """The real and simulated runs' results.json entries and, per compared metric, the
-    relative error (simulated - real) / real."""
+    relative error (simulated - real) / real; ``eq2_relative_error`` is the same for a
+    simulator on Eq. 2 alone (the profile without its decode residual; equal to
+    ``relative_error`` when the profile has none)."""
 
     real: Mapping[str, Any]
     simulated: Mapping[str, Any]
     relative_error: Mapping[str, float]
     real_step_overhead_ms: float = float("nan")
+    eq2_relative_error: Mapping[str, float] = field(default_factory=dict)
 
 
 def step_overhead_ms(steps: Sequence[StepRecord], idle_gap_s: float = 0.05) -> float:
@@ -71,25 +74,33 @@ def measure_fidelity(
     profile: EngineProfile, slo: Slo,
 ) -> FidelityResult:  # fmt: skip
     """Run ``workload`` (seed ``seed``) under ``scheduler`` on ``engine`` and on the
-    simulator with ``profile``, both from ``runners`` (the engine stays loaded for the next
-    call); relative error = (simulated - real) / real for each compared metric."""
+    simulator with ``profile`` (and with ``profile`` on Eq. 2 alone), all from ``runners``
+    (the engine stays loaded for the next call); relative error = (simulated - real) / real
+    for each compared metric."""
     # Real engines stop requests through max_tokens: the simulator gets the same caps.
     specs = with_known_lengths(workload.generate(np.random.default_rng([seed, 0])))
+    eq2_only = replace(profile, decode_residual_ms=())
     runs = {}
     overhead = float("nan")
-    for runner in (engine, "sim"):
+    for label, runner, run_profile in (
+        ("real", engine, profile), ("sim", "sim", profile), ("eq2", "sim", eq2_only)
+    ):  # fmt: skip
         output = runners.get(runner)(
-            RunRequest(scheduler, specs, profile, np.random.default_rng([seed, 1]), slo)
+            RunRequest(scheduler, specs, run_profile, np.random.default_rng([seed, 1]), slo)
         )
         key = RunKey(scheduler, workload.name, runner, seed)
-        runs[runner] = summarize_run(key, output.requests, 0.0, slo)
-        if runner == engine:
+        runs[label] = summarize_run(key, output.requests, 0.0, slo)
+        if label == "real":
             overhead = step_overhead_ms(output.steps.get(0, []))
-    errors = {
-        name: (_value(runs["sim"], path) - _value(runs[engine], path)) / _value(runs[engine], path)
-        for name, path in COMPARED.items()
-    }
-    return FidelityResult(runs[engine], runs["sim"], errors, overhead)
+
+    def errors(label: str) -> dict[str, float]:
+        real = runs["real"]
+        return {
+            name: (_value(runs[label], path) - _value(real, path)) / _value(real, path)
+            for name, path in COMPARED.items()
+        }
+
+    return FidelityResult(runs["real"], runs["sim"], errors("sim"), overhead, errors("eq2"))
 
 
 def knee_workloads(

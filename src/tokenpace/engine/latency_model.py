@@ -1,7 +1,9 @@
-"""Step latency from a profile: the paper's Eq. 2 plus prefill and mixing costs."""
+"""Step latency from a profile: the paper's Eq. 2 (plus the profile's measured decode
+residual), prefill and mixing costs."""
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
 
 from tokenpace.engine.profile import EngineProfile
@@ -20,11 +22,29 @@ class LatencyModel:
 
     def __init__(self, profile: EngineProfile) -> None:
         self.profile = profile
+        self._residual_sizes = [batch for batch, _ in profile.decode_residual_ms]
+        self._residual_ms = [ms for _, ms in profile.decode_residual_ms]
 
     def decode_ms(self, batch_size: int) -> float:
-        """Eq. 2: l_min up to B0, then alpha per extra request."""
+        """Eq. 2 (l_min up to B0, then alpha per extra request) plus the profile's measured
+        residual at this batch size."""
         p = self.profile
-        return p.l_min_ms + p.alpha_ms * max(0, batch_size - p.b0)
+        eq2 = p.l_min_ms + p.alpha_ms * max(0, batch_size - p.b0)
+        return eq2 + self.residual_ms(batch_size) if self._residual_sizes else eq2
+
+    def residual_ms(self, batch_size: float) -> float:
+        """The profile's decode residual at ``batch_size``: linear between swept sizes, the
+        end values beyond them, 0 when the profile has none."""
+        sizes, values = self._residual_sizes, self._residual_ms
+        if not sizes:
+            return 0.0
+        i = bisect_right(sizes, batch_size)
+        if i == 0:
+            return values[0]
+        if i == len(sizes):
+            return values[-1]
+        lo, hi = sizes[i - 1], sizes[i]
+        return values[i - 1] + (values[i] - values[i - 1]) * (batch_size - lo) / (hi - lo)
 
     def prefill_ms(self, chunk: PrefillChunk) -> float:
         """Linear cost per token plus the attention term over the context before and within

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from importlib import resources
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,11 @@ class EngineProfile:
     ``mixed_prefill_overhead_ms`` once when a prefill chunk rides in a decode step.
     ``decode_attention_ms_per_kctx``: extra decode cost per request per 1,000 tokens of its
     context (0 keeps the paper's Eq. 2, which ignores context).
+    ``decode_residual_ms``: (batch size, ms) pairs, increasing in batch size: what each
+    swept decode batch measured beyond Eq. 2 (context term removed). The latency model adds
+    it, interpolated linearly between the swept sizes and held at the end values beyond
+    them, so a decode curve that is not Eq. 2's two segments (a CPU's kernel switches, a
+    GPU's wave quantisation) is followed; empty keeps Eq. 2 alone.
     ``noise_cv``: coefficient of variation of multiplicative step-time noise.
     """
 
@@ -48,6 +54,7 @@ class EngineProfile:
     checkpoint_bytes: int
     engine_init_s: float = 0.0
     decode_attention_ms_per_kctx: float = 0.0
+    decode_residual_ms: tuple[tuple[int, float], ...] = ()
     checkpoint_tiers: tuple[CheckpointTier, ...] = ()
     mean_output_tokens: float = 50.0
     notes: dict[str, str] = field(default_factory=dict)
@@ -67,6 +74,12 @@ class EngineProfile:
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"profile {self.name}: {name} must be >= 0")
+        sizes = [batch for batch, _ in self.decode_residual_ms]
+        if sizes and (sizes[0] < 1 or any(a >= b for a, b in pairwise(sizes))):
+            raise ValueError(
+                f"profile {self.name}: decode_residual_ms needs batch sizes >= 1 in "
+                f"increasing order, got {sizes}"
+            )
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -98,6 +111,9 @@ class EngineProfile:
         values = dict(data)
         values["checkpoint_tiers"] = tuple(
             CheckpointTier(**tier) for tier in data.get("checkpoint_tiers", ())
+        )
+        values["decode_residual_ms"] = tuple(
+            (int(batch), float(ms)) for batch, ms in data.get("decode_residual_ms", ())
         )
         return cls(**values)
 

@@ -103,6 +103,18 @@ def fit_eq2(points: Sequence[DecodePoint], b0: int | None = None) -> Eq2Fit:
     return Eq2Fit(l_min, b0, alpha, _r2(ms, residuals))
 
 
+def decode_residuals(eq2: Eq2Fit, points: Sequence[DecodePoint]) -> tuple[tuple[int, float], ...]:
+    """Per swept batch size (increasing), the median of what its points measured beyond
+    ``eq2`` (ms): the profile's ``decode_residual_ms``, with which the latency model passes
+    through every measured point instead of Eq. 2's two segments."""
+    by_size: dict[int, list[float]] = {}
+    for p in points:
+        by_size.setdefault(p.batch_size, []).append(p.step_ms - eq2.predict_ms(p.batch_size))
+    return tuple(
+        (size, round(float(np.median(values)), 4)) for size, values in sorted(by_size.items())
+    )
+
+
 def fit_eq2_discrete(points: Sequence[DecodePoint]) -> Eq2Fit:
     """The earlier fit, kept to compare run-to-run spread: ordinary least squares with B0
     restricted to the measured batch sizes (the one with the smallest squared error)."""
@@ -145,19 +157,19 @@ def without_context(points: Sequence[DecodePoint], per_kctx_ms: float) -> list[D
 
 
 def fit_prefill(
-    points: Sequence[PrefillPoint], l_min_ms: float, mixed: MixedPoint | None
+    points: Sequence[PrefillPoint], floor_ms: float, mixed: MixedPoint | None
 ) -> PrefillFit:
-    """Least squares of ``step_ms - l_min_ms = p * C + a * C * mean_context / 1000`` over
-    prefill-only steps (a prefill-only step pays the weight-read floor l_min, as the
-    simulator's latency model assumes); both terms clamped at 0. The mixing overhead is
-    what a decode step with one chunk costs beyond the decode step plus the chunk's model
-    cost (clamped at 0; 0 without a mixed point). With a single point the attention term
-    is 0: one point cannot tell the two terms apart."""
+    """Least squares of ``step_ms - floor_ms = p * C + a * C * mean_context / 1000`` over
+    prefill-only steps (a prefill-only step pays the weight-read floor ``floor_ms``, the
+    latency model's decode step with nothing decoding); both terms clamped at 0. The mixing
+    overhead is what a decode step with one chunk costs beyond the decode step plus the
+    chunk's model cost (clamped at 0; 0 without a mixed point). With a single point the
+    attention term is 0: one point cannot tell the two terms apart."""
     if not points:
         raise ValueError("the prefill fit needs at least one prefill point")
     chunk = np.array([p.num_tokens for p in points], dtype=float)
     mean_context = np.array([p.context_start for p in points], dtype=float) + (chunk + 1) / 2
-    extra = np.array([p.step_ms for p in points], dtype=float) - l_min_ms
+    extra = np.array([p.step_ms for p in points], dtype=float) - floor_ms
     design = np.column_stack([chunk, chunk * mean_context / 1000])
     (per_token, attention), *_ = np.linalg.lstsq(design, extra, rcond=None)
     if attention < 0 or len(points) < 2:

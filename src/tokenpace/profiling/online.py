@@ -5,7 +5,8 @@ The model is the one the offline fit and the simulator use (``engine.latency_mod
     step_ms = l_min + alpha * max(0, B - B0) + p * P + m * [P > 0 and B > 0]
 
 with B the step's decoding requests, P its prefill tokens, the knee B0 fixed at the offline
-profile's, and the context (attention) terms left at their offline values. The four terms
+profile's, and the context (attention) terms and the decode residual (the measured curve's
+departure from Eq. 2, a fixed shape) left at their offline values. The four terms
 are the exponentially weighted least-squares solution (recursive least squares with a
 forgetting factor, solved exactly from its sufficient statistics) with a weak ridge toward
 the offline profile, so a direction the served steps never excite (say alpha while every
@@ -31,6 +32,7 @@ from typing import Protocol
 import numpy as np
 
 from tokenpace.core.config import option, require_positive
+from tokenpace.engine.latency_model import LatencyModel
 from tokenpace.engine.profile import EngineProfile
 
 # Feature scales: a prefill chunk of this many tokens counts as one unit, so the ridge and
@@ -138,6 +140,8 @@ class OnlineProfileEstimator:
         self.num_steps = 0
         self.num_shifts = 0
         self.updated_s: float | None = None
+        # The base profile's decode residual is a fixed shape: steps are fitted net of it.
+        self._shape = LatencyModel(base)
         self._prior = self._theta_of(base)
         self._ridge = config.prior_steps * np.eye(4)
         self._gram = np.zeros((4, 4))
@@ -157,7 +161,7 @@ class OnlineProfileEstimator:
             return None
         cfg = self.config
         x = self._features(num_decode, num_prefill)
-        measured_ms = step.latency_s * 1000.0
+        measured_ms = step.latency_s * 1000.0 - self._shape.residual_ms(num_decode)
         predicted_ms = float(x @ self._theta)
         residual = measured_ms - predicted_ms
         bound = cfg.clip_sigmas * max(self._spread_ms, _MIN_SPREAD_FRACTION * abs(predicted_ms))
@@ -192,7 +196,8 @@ class OnlineProfileEstimator:
 
     def predict_ms(self, num_decode: int, num_prefill: int) -> float:
         """The current fit's step latency (ms) for a step of this shape."""
-        return float(self._features(num_decode, num_prefill) @ self._theta)
+        fitted = float(self._features(num_decode, num_prefill) @ self._theta)
+        return fitted + self._shape.residual_ms(num_decode)
 
     def _shift_ratio(self) -> float | None:
         """When ``shift_votes`` of the recent residuals lie beyond the bound on one side, the

@@ -15,6 +15,7 @@ from tokenpace.engine.profile import EngineProfile, load_profile
 from tokenpace.profiling.fit import (
     Eq2Fit,
     PrefillFit,
+    decode_residuals,
     fit_decode_attention,
     fit_eq2,
     fit_prefill,
@@ -59,10 +60,16 @@ def fit_profile(
 ) -> tuple[EngineProfile, Eq2Fit, PrefillFit]:
     """The profile of one sweep: the decode attention term per 1,000 context tokens first,
     Eq. 2 on the decode points with it removed (knee fixed at ``b0`` when given), then the
-    prefill terms and the mixing overhead; the fits are returned for the figure."""
+    prefill terms and the mixing overhead, and the decode residual (what each swept batch
+    measured beyond Eq. 2); the fits are returned for the figure."""
     decode_attention = fit_decode_attention(sweep.context)
-    eq2 = fit_eq2(without_context(sweep.decode, decode_attention), b0)
-    prefill_fit = fit_prefill(sweep.prefill, eq2.l_min_ms, sweep.mixed)
+    decode = without_context(sweep.decode, decode_attention)
+    eq2 = fit_eq2(decode, b0)
+    residual = decode_residuals(eq2, decode)
+    # A prefill-only step pays the latency model's decode floor: l_min plus the residual
+    # at the smallest swept batch.
+    floor_ms = eq2.l_min_ms + (residual[0][1] if residual else 0.0)
+    prefill_fit = fit_prefill(sweep.prefill, floor_ms, sweep.mixed)
     notes = {
         "source": source,
         **point_notes(eq2, sweep.decode, sweep.context, sweep.prefill, sweep.mixed),
@@ -73,6 +80,7 @@ def fit_profile(
     profile = EngineProfile(
         name=facts.name,
         **fitted_terms(eq2, prefill_fit, decode_attention),
+        decode_residual_ms=residual,
         noise_cv=float(np.median([p.cv for p in sweep.decode])),
         block_size=sweep.kv.block_size,
         num_gpu_blocks=sweep.kv.num_gpu_blocks,
@@ -136,15 +144,13 @@ def run_profile(
         if opened:
             backend.shutdown()
     source = f"Measured by run_profile on {probe.description}."
-    profile, eq2, prefill_fit = fit_profile(measured, facts, source, engine_init_s=engine_init_s)
+    profile, _, _ = fit_profile(measured, facts, source, engine_init_s=engine_init_s)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(profile.to_json() + "\n")
     from tokenpace.profiling.plot import plot_fit
 
-    plot_fit(
-        plot_path, profile.name, measured.decode, measured.context, measured.prefill, eq2,
-        prefill_fit,
-    )  # fmt: skip
+    decode = without_context(measured.decode, profile.decode_attention_ms_per_kctx)
+    plot_fit(plot_path, profile, decode, measured.context, measured.prefill)
     return profile
 
 
