@@ -108,3 +108,18 @@ def test_decode_residual_round_trips_and_is_validated(paper_profile: EngineProfi
     assert EngineProfile.from_dict(json.loads(profile.to_json())) == profile
     with pytest.raises(ValueError, match="increasing order"):
         replace(paper_profile, decode_residual_ms=((4, 1.0), (2, 0.0)))
+
+
+def test_padded_decode_attention_counts_the_longest_context(paper_profile: EngineProfile) -> None:
+    summed = replace(paper_profile, decode_attention_ms_per_kctx=5.0)
+    padded = replace(summed, decode_attention_padded=True)
+    # Four requests at contexts 100, 100, 100 and 700: 1,000 tokens summed, 4 x 700 padded.
+    base = LatencyModel(paper_profile).step_s(4, [])
+    assert LatencyModel(summed).step_s(4, [], 1000, 700) - base == pytest.approx(0.005)
+    assert LatencyModel(padded).step_s(4, [], 1000, 700) - base == pytest.approx(0.014)
+    # The simulator gives the model the batch's longest context.
+    engine = SimEngine(padded, np.random.default_rng(0))
+    reqs = [running(i, prompt, 16, 1) for i, prompt in enumerate((100, 700))]
+    step = engine.execute([ScheduledChunk(r, 1) for r in reqs])
+    noiseless = LatencyModel(padded).step_s(2, [], 800, 700)
+    assert step.latency_s == pytest.approx(noiseless, rel=5 * padded.noise_cv + 1e-9)

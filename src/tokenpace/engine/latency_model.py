@@ -55,16 +55,24 @@ class LatencyModel:
         return chunk.num_tokens * per_token
 
     def step_s(
-        self, num_decode: int, prefill_chunks: list[PrefillChunk], decode_context_tokens: int = 0
+        self,
+        num_decode: int,
+        prefill_chunks: list[PrefillChunk],
+        decode_context_tokens: int = 0,
+        decode_max_context: int = 0,
     ) -> float:
-        """A step always pays the weight-read floor (decode_ms of its decode batch, l_min when
-        only prefill runs) plus the decode attention term over ``decode_context_tokens`` (the
-        summed context of the decoding requests); prefill chunks add their cost, plus the
-        mixing overhead when they share the step with decode tokens."""
+        """A step always pays the weight-read floor (decode_ms of its decode batch, its value
+        at batch 0 when only prefill runs) plus the decode attention term over
+        ``decode_context_tokens`` (the summed context of the decoding requests; for a
+        profile with ``decode_attention_padded``, ``num_decode`` times
+        ``decode_max_context``, the longest of them); prefill chunks add their cost, plus
+        the mixing overhead when they share the step with decode tokens."""
         if num_decode == 0 and not prefill_chunks:
             return 0.0
+        p = self.profile
         ms = self.decode_ms(num_decode)
-        ms += self.profile.decode_attention_ms_per_kctx * decode_context_tokens / 1000
+        attended = num_decode * decode_max_context if p.decode_attention_padded else None
+        ms += p.decode_attention_ms_per_kctx * (attended or decode_context_tokens) / 1000
         if prefill_chunks:
             ms += sum(self.prefill_ms(c) for c in prefill_chunks)
             if num_decode > 0:

@@ -31,7 +31,10 @@ class EngineProfile:
     per token per 1,000 tokens of context already in the cache (the attention term), plus
     ``mixed_prefill_overhead_ms`` once when a prefill chunk rides in a decode step.
     ``decode_attention_ms_per_kctx``: extra decode cost per request per 1,000 tokens of its
-    context (0 keeps the paper's Eq. 2, which ignores context).
+    context (0 keeps the paper's Eq. 2, which ignores context); with
+    ``decode_attention_padded`` the engine attends every decoding request over the longest
+    context in its batch (a padded batch, as the native engine's slot cache does), so the
+    term counts batch size times the longest context instead of the summed context.
     ``decode_residual_ms``: (batch size, ms) pairs, increasing in batch size: what each
     swept decode batch measured beyond Eq. 2 (context term removed). The latency model adds
     it, interpolated linearly between the swept sizes and held at the end values beyond
@@ -55,6 +58,7 @@ class EngineProfile:
     engine_init_s: float = 0.0
     decode_attention_ms_per_kctx: float = 0.0
     decode_residual_ms: tuple[tuple[int, float], ...] = ()
+    decode_attention_padded: bool = False
     checkpoint_tiers: tuple[CheckpointTier, ...] = ()
     mean_output_tokens: float = 50.0
     notes: dict[str, str] = field(default_factory=dict)

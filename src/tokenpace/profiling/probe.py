@@ -37,12 +37,15 @@ class KvFacts:
 class EngineFacts:
     """What a profile records about the engine besides step times: its name
     (``<engine>-<model>-<dtype>-<device>``), checkpoint size (bytes), load bandwidth per
-    checkpoint tier and notes (measured values, how)."""
+    checkpoint tier and notes (measured values, how); ``decode_attention_padded`` when the
+    engine attends every decoding request over its batch's longest context (see
+    ``EngineProfile``)."""
 
     name: str
     checkpoint_bytes: int
     checkpoint_tiers: tuple[CheckpointTier, ...]
     notes: dict[str, str]
+    decode_attention_padded: bool = False
 
 
 class TimingProbe(Protocol):

@@ -81,6 +81,7 @@ def fit_profile(
         name=facts.name,
         **fitted_terms(eq2, prefill_fit, decode_attention),
         decode_residual_ms=residual,
+        decode_attention_padded=facts.decode_attention_padded,
         noise_cv=float(np.median([p.cv for p in sweep.decode])),
         block_size=sweep.kv.block_size,
         num_gpu_blocks=sweep.kv.num_gpu_blocks,

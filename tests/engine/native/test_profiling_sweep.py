@@ -46,6 +46,8 @@ def test_sweep_points_fit_and_leave_no_kv(make_engine: Callable[..., NativeEngin
     assert fit_prefill(measured.prefill, eq2.l_min_ms, measured.mixed).ms_per_token >= 0
     assert engine.num_free_blocks == engine.num_total_blocks
     assert engine.num_active_slots == 0
+    # Decode attends the packed slots up to the longest context: the profile must say so.
+    assert probe.facts(measure_checkpoints=False).decode_attention_padded
 
 
 def test_a_point_beyond_the_engine_is_refused_before_any_step(

@@ -93,7 +93,13 @@ class NativeProbe:
             )
         dtype = str(loaded.dtype).removeprefix("torch.")  # what ``auto`` resolved to
         name = f"native-{Path(config.model).name}-{dtype}-{loaded.device.type}"
-        return EngineFacts(name, checkpoint_bytes, tuple(tiers), notes)
+        notes["decode_attention_padded"] = (
+            "Decode attends the packed slot rows up to the batch's longest context, masked: "
+            "its cost grows with batch size times the longest context."
+        )
+        return EngineFacts(
+            name, checkpoint_bytes, tuple(tiers), notes, decode_attention_padded=True
+        )
 
     def check(self, config: SweepConfig) -> None:
         kv = self.kv
