@@ -46,3 +46,14 @@ class LengthMixture:
         return float(
             sum(w * (lo + hi) / 2 for (lo, hi), w in zip(self.ranges, self.weights, strict=True))
         )
+
+    def scaled(self, factor: float) -> LengthMixture:
+        """The same weights with every range bound multiplied by ``factor`` and rounded
+        (at least 1 token); the mean scales by about ``factor``."""
+        if not factor > 0:
+            raise ValueError(f"LengthMixture.scaled factor must be > 0, got {factor}")
+        ranges = []
+        for low, high in self.ranges:
+            new_low = max(1, round(low * factor))
+            ranges.append((new_low, max(new_low, round(high * factor))))
+        return LengthMixture(tuple(ranges), self.weights)
