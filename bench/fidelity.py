@@ -37,13 +37,12 @@ from tokenpace.cli.command import run_command
 from tokenpace.core.cache import default_cache_dir
 from tokenpace.core.config import option
 from tokenpace.engine.profile import EngineProfile, load_profile
-from tokenpace.metrics.slo import Slo
+from tokenpace.metrics.slo import scaled_slo
 from tokenpace.profiling.run import default_sweep, run_profile
 from tokenpace.profiling.sweep import SweepConfig
 
 ENGINES = ("native", "vllm")
 REFERENCE_PROFILE = "v100-llama-3.2-3b"
-BENCH_TTFT_MS, BENCH_TPOT_MS = 2000.0, 100.0  # tokenpace bench's default SLO
 LOADS = (0.5, 1.0, 1.5)
 NAMES = {"itl_mean": "itl_mean", "ttft_p50": "ttft_p50", "ttft_p99": "ttft_p99",
          "throughput_tok_s": "throughput"}  # fmt: skip
@@ -124,11 +123,8 @@ def run(args: Settings) -> None:
     result: dict[str, dict[str, dict[str, float]]] = {}
     for engine in engines:
         profile = engine_profile(engine, cache_dir, args.quick)
-        scale = max(1.0, profile.l_min_ms / load_profile(REFERENCE_PROFILE).l_min_ms)
-        slo = Slo(
-            ttft_ms=args.slo_ttft_ms or BENCH_TTFT_MS * scale,
-            tpot_ms=args.slo_tpot_ms or BENCH_TPOT_MS * scale,
-        )
+        reference = load_profile(REFERENCE_PROFILE)
+        slo = scaled_slo(profile, reference, args.slo_ttft_ms, args.slo_tpot_ms)
         knee, workloads = knee_workloads(profile, slo, LOADS, num_requests, cache_dir)
         if not knee > 0:
             raise SystemExit(f"{engine}: no load meets the SLO {slo}; give looser --slo-*-ms")

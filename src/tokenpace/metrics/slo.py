@@ -5,6 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tokenpace.core.config import option
+from tokenpace.engine.profile import EngineProfile
+
+# tokenpace bench's default objectives, set for the reference profile (the paper's platform).
+DEFAULT_TTFT_MS = 2000.0
+DEFAULT_TPOT_MS = 100.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -12,11 +17,33 @@ class Slo:
     """A completed request meets the SLO if TTFT <= ``ttft_ms`` and TPOT <= ``tpot_ms``
     (either may be None: not checked)."""
 
-    ttft_ms: float | None = option(2000.0, "TTFT objective (ms).")
-    tpot_ms: float | None = option(100.0, "TPOT objective (ms).")
+    ttft_ms: float | None = option(DEFAULT_TTFT_MS, "TTFT objective (ms).")
+    tpot_ms: float | None = option(DEFAULT_TPOT_MS, "TPOT objective (ms).")
 
     def __post_init__(self) -> None:
         for name in ("ttft_ms", "tpot_ms"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"{name} must be positive, got {value}")
+
+
+def slo_scale(profile: EngineProfile, reference: EngineProfile) -> float:
+    """How much slower ``profile``'s l_min is than ``reference``'s, never below 1."""
+    return max(1.0, profile.l_min_ms / reference.l_min_ms)
+
+
+def scaled_slo(
+    profile: EngineProfile,
+    reference: EngineProfile,
+    ttft_ms: float | None = None,
+    tpot_ms: float | None = None,
+) -> Slo:
+    """The default SLO (``DEFAULT_TTFT_MS``, ``DEFAULT_TPOT_MS``, set for ``reference``)
+    scaled by ``slo_scale(profile, reference)``: an engine slower per step gets objectives
+    looser in proportion, a faster one keeps the defaults. An objective given (ms) is kept
+    as is."""
+    scale = slo_scale(profile, reference)
+    return Slo(
+        ttft_ms=ttft_ms if ttft_ms is not None else DEFAULT_TTFT_MS * scale,
+        tpot_ms=tpot_ms if tpot_ms is not None else DEFAULT_TPOT_MS * scale,
+    )
