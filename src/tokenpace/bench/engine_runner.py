@@ -1,8 +1,10 @@
 """Benchmark runs on a real engine, through the backend ``tokenpace serve`` workers drive.
 
 An ``EngineRunner`` loads its engine at the first run it is given and keeps it for the next
-ones (a vLLM start costs tens of seconds), changing the policy between runs; whoever opens
-the runner closes it (``run_matrix`` does, once per bench). Requests run to their true
+ones (a vLLM start costs tens of seconds), changing the policy between runs, and loads it
+again only when a run asks for another KV cache size (in the precision the first load
+chose, so that every run of a bench computes alike); whoever opens the runner closes it
+(``run_matrix`` does, once per bench). Requests run to their true
 output length (``ignore_eos`` with ``max_tokens`` set to it), so here the policy knows it.
 """
 
@@ -26,16 +28,25 @@ IGNORE_EOS = SamplingParams(ignore_eos=True)
 WARM_UP_POLICY = "vllm_default"
 
 
-def native_engine_config() -> object:
-    """The native engine as benchmarks run it: the embedded SmolLM2, default settings."""
+def native_engine_config(kv_cache_tokens: int | None = None) -> object:
+    """The native engine as benchmarks run it: the embedded SmolLM2, default settings but
+    for a KV cache of ``kv_cache_tokens`` when given."""
     from tokenpace.engine.native import NativeEngineConfig
 
-    return NativeEngineConfig()
+    if kv_cache_tokens is None:
+        return NativeEngineConfig()
+    return NativeEngineConfig(kv_cache_tokens=kv_cache_tokens)
 
 
-def vllm_engine_config() -> object:
+def vllm_engine_config(kv_cache_tokens: int | None = None) -> object:
     """vLLM on the embedded SmolLM2's converted checkpoint (the native engine's cache),
-    sized as ``tokenpace profile --engine vllm`` profiles it."""
+    sized as ``tokenpace profile --engine vllm`` profiles it; its KV cache is fixed, so
+    ``kv_cache_tokens`` must be None."""
+    if kv_cache_tokens is not None:
+        raise ValueError(
+            f"the vllm bench engine runs with its own KV cache, not {kv_cache_tokens} tokens: "
+            "workloads with a KV cache of their own run on the native engine"
+        )
     from tokenpace.engine.vllm.probe import profile_engine_config
 
     return profile_engine_config()
@@ -48,7 +59,7 @@ class EngineSetup:
     batch shape on first use: a first 60-request run measured 89 s against 15 s warm)."""
 
     engine: str
-    config: Callable[[], object]
+    config: Callable[[int | None], object]  # of the KV cache size (tokens; None: default)
     warm_up: bool = False
 
 
@@ -64,20 +75,27 @@ def build_dir() -> Path:
 
 
 def open_backend(
-    engine: str, profile: EngineProfile, policy: str, clock: Clock, config: object | None = None
+    engine: str,
+    profile: EngineProfile,
+    policy: str,
+    clock: Clock,
+    config: object | None = None,
+    dtype: str | None = None,
 ) -> ServingBackend:
-    """Load ``engine`` (its benchmark config unless ``config`` is given) as a worker would,
-    with ``profile`` given (no start-up calibration) and ``policy`` in charge. The process
-    environment must already suit the engine (``prepare_process``)."""
+    """Load ``engine`` (its default benchmark config unless ``config`` is given) as a worker
+    would, with ``profile`` given (no start-up calibration), ``policy`` in charge and, when
+    ``dtype`` is given, that precision for a config's ``auto``. The process environment
+    must already suit the engine (``prepare_process``)."""
     from tokenpace.server.worker.main import build_backend
 
     spec = WorkerSpec(
         engine=engine,
-        engine_config=config if config is not None else SETUPS[engine].config(),
+        engine_config=config if config is not None else SETUPS[engine].config(None),
         policy=policy,
         calibration=Calibration(profile.name, profile.b0, profile.mean_output_tokens, 1 << 20),
         profile=profile,
         build_dir=build_dir(),
+        dtype=dtype,
     )
     return build_backend(spec, clock)
 
@@ -102,13 +120,27 @@ class EngineRunner:
         self._clock = clock
         self._sleep = sleep
         self._backend: ServingBackend | None = None
+        self._kv_cache_tokens: int | None = None  # the loaded engine's, as asked for
+        self._dtype: str | None = None  # the precision the first load chose
+
+    @property
+    def dtype(self) -> str | None:
+        """The precision the engine was first loaded in (None before the first run)."""
+        return self._dtype
 
     def __call__(self, run: RunRequest) -> RunOutput:
         from tokenpace.workload.spec import with_known_lengths
 
+        if self._backend is not None and run.kv_cache_tokens != self._kv_cache_tokens:
+            self.close()
         if self._backend is None:
             engine = self._setup.engine
-            self._backend = open_backend(engine, run.profile, run.scheduler, self._clock)
+            config = self._setup.config(run.kv_cache_tokens)
+            self._backend = open_backend(
+                engine, run.profile, run.scheduler, self._clock, config, self._dtype
+            )
+            self._kv_cache_tokens = run.kv_cache_tokens
+            self._dtype = self._backend.dtype_choice.dtype
         backend = self._backend
         specs = with_known_lengths(run.specs)
         if self._setup.warm_up:

@@ -44,6 +44,18 @@ class MatrixConfig:
     qoe: QoeConfig = QoeConfig()
     # Workload name -> {"knee_rps", "ceiling_rps", "rate_rps", ...}: results.json "capacity".
     capacity: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    # A real engine's KV cache for this part's runs (tokens); None: the engine's own size.
+    # The simulators read the profile's cache, so when set the two must agree.
+    kv_cache_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kv_cache_tokens is not None and (
+            self.kv_cache_tokens != self.profile.kv_capacity_tokens
+        ):
+            raise ValueError(
+                f"MatrixConfig.kv_cache_tokens must equal the profile's KV capacity "
+                f"({self.profile.kv_capacity_tokens} tokens), got {self.kv_cache_tokens}"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +95,7 @@ def _run_cell(cell: CellSpec, runner: Runner) -> CellResult:
             pool=part.pool,
             router=part.router,
             record_steps=cell.keep_detail,
+            kv_cache_tokens=part.kv_cache_tokens,
         )
     )
     key = RunKey(cell.scheduler, cell.workload.name, part.engine, cell.seed)

@@ -22,7 +22,9 @@ from tokenpace.workload.spec import RequestSpec
 
 @dataclass(frozen=True, slots=True)
 class RunRequest:
-    """Everything one run needs. ``pool`` and ``router`` matter to the pool runner only."""
+    """Everything one run needs. ``pool`` and ``router`` matter to the pool runner only;
+    ``kv_cache_tokens`` to real engines only (the KV cache to run with, tokens; None: the
+    engine's own size), the simulators take the profile's."""
 
     scheduler: str
     specs: Sequence[RequestSpec]
@@ -32,6 +34,7 @@ class RunRequest:
     pool: PoolConfig | None = None
     router: str | None = None
     record_steps: bool = True
+    kv_cache_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

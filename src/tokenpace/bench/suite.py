@@ -34,6 +34,7 @@ def part_document(part: MatrixConfig) -> dict[str, Any]:
         "router": part.router,
         "profile": asdict(part.profile),
         "qoe": asdict(part.qoe),
+        "kv_cache_tokens": part.kv_cache_tokens,
     }
 
 
