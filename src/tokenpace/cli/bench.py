@@ -10,12 +10,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import Progress
 
-from tokenpace.bench.cpu_scale import cpu_workloads, main_load_factor
+from tokenpace.bench.cpu_scale import cpu_workloads
 from tokenpace.bench.fidelity import measure_fidelity
 from tokenpace.bench.matrix import MatrixConfig
-from tokenpace.bench.presets import MAIN_SCHEDULERS, PRESETS, ROUTING_BASELINES, PlanOptions
+from tokenpace.bench.presets import PRESETS, PlanOptions
 from tokenpace.bench.runners import RunnerSet
 from tokenpace.bench.suite import num_cells, run_bench
+from tokenpace.cli.bench_engine import bench_slo, real_engine_parts
 from tokenpace.cli.bench_options import DEFAULT_PROFILE, BenchOptions
 from tokenpace.cli.bench_trace import trace_part
 from tokenpace.cli.spec import UsageError
@@ -23,7 +24,6 @@ from tokenpace.cli.summary_table import print_summary
 from tokenpace.core.cache import default_cache_dir
 from tokenpace.engine.profile import EngineProfile, load_profile
 from tokenpace.metrics.qoe import QoeConfig
-from tokenpace.metrics.slo import Slo
 from tokenpace.pool.config import PoolConfig
 from tokenpace.workload.gsm8k import load_prompts
 from tokenpace.workload.scenarios import ScenarioConfig
@@ -93,7 +93,7 @@ def plan_options(options: BenchOptions, profile: EngineProfile) -> PlanOptions:
         schedulers=options.schedulers,
         seeds=tuple(range(options.seed, options.seed + options.num_seeds)),
         profile=profile,
-        slo=Slo(ttft_ms=options.slo_ttft_ms, tpot_ms=options.slo_tpot_ms),
+        slo=bench_slo(options, profile),
         pool=pool,
         router=options.router,
         prompts=prompt_texts(options.prompts),
@@ -102,29 +102,6 @@ def plan_options(options: BenchOptions, profile: EngineProfile) -> PlanOptions:
         cache_dir=options.cache_dir if options.cache_dir is not None else default_cache_dir(),
         workers=options.workers,
     )
-
-
-def real_engine_part(options: BenchOptions, plan: PlanOptions) -> tuple[MatrixConfig, str]:
-    """The single-server part on a real engine at CPU scale, and the report's note. Sets
-    the process environment the engine needs (``prepare_process``): call it from the
-    command's process only."""
-    from tokenpace.bench.engine_runner import prepare_process
-
-    prepare_process(options.engine)
-    reference = resolve_profile(DEFAULT_PROFILE)
-    names = plan.schedulers or MAIN_SCHEDULERS
-    part = MatrixConfig(
-        schedulers=tuple(n for n in names if n not in ROUTING_BASELINES),
-        workloads=cpu_workloads(plan.profile, reference), seeds=plan.seeds,
-        profile=plan.profile, slo=plan.slo, runner=options.engine, engine=options.engine,
-        prompts=plan.prompts,
-    )  # fmt: skip
-    note = (
-        f"Engine `{options.engine}` at CPU scale: `main` runs the paper's mixtures at the same "
-        f"multiple of capacity as 18 req/s on {reference.name} "
-        f"({main_load_factor(reference):.2f}x), `high` at 1.2x capacity, 60 requests each."
-    )
-    return part, note
 
 
 def run_fidelity(options: BenchOptions, plan: PlanOptions) -> None:
@@ -152,8 +129,8 @@ def run_fidelity(options: BenchOptions, plan: PlanOptions) -> None:
 def plan_parts(options: BenchOptions, plan: PlanOptions) -> tuple[list[MatrixConfig], list[str]]:
     """The parts to run (a real engine's, a trace replay or the preset's) and their notes."""
     if options.engine != "sim":
-        part, note = real_engine_part(options, plan)
-        return [part], [note]
+        parts, note = real_engine_parts(options, plan)
+        return parts, [note]
     if options.trace is not None:
         part, note = trace_part(options, plan)
         return [part], [note]

@@ -58,8 +58,13 @@ class BenchOptions:
     fidelity: bool = option(
         False, "With a real --engine: the same workload on the engine and the simulator, errors."
     )
-    slo_ttft_ms: float = option(2000.0, "TTFT objective of goodput (ms).")
-    slo_tpot_ms: float = option(100.0, "TPOT objective of goodput (ms).")
+    slo_ttft_ms: float | None = option(
+        None, "TTFT objective of goodput (ms; default 2000, on a real --engine scaled by its "
+        "l_min against v100-llama-3.2-3b's, never tightened).",
+    )  # fmt: skip
+    slo_tpot_ms: float | None = option(
+        None, "TPOT objective of goodput (ms; default 100, scaled as --slo-ttft-ms)."
+    )
     out: Path = option(Path("results/main"), "Output directory.")
     prompts: Path | None = option(None, "GSM8K-style JSONL with prompt text (optional).")
     workers: int = option(2, "Worker processes (1 with a real engine).")
@@ -93,10 +98,11 @@ class BenchOptions:
 
     def __post_init__(self) -> None:
         require_positive(
-            self, "slo_ttft_ms", "slo_tpot_ms", "workers", "containers", "keep_alive_s",
-            "scenario_duration", "trace_load", "qoe_pace",
+            self, "workers", "containers", "keep_alive_s", "scenario_duration", "trace_load",
+            "qoe_pace",
         )  # fmt: skip
-        for name in ("seeds", "trace_speedup", "trace_max_requests"):
+        optional = ("seeds", "trace_speedup", "trace_max_requests", "slo_ttft_ms", "slo_tpot_ms")
+        for name in optional:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"BenchOptions.{name} must be > 0, got {value!r}")

@@ -1,0 +1,65 @@
+"""``tokenpace bench --engine``: the SLO real engines are judged by and the parts they run."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from tokenpace.bench.cpu_scale import cpu_kv_pressure
+from tokenpace.cli.bench import plan_options
+from tokenpace.cli.bench_engine import bench_slo, real_engine_parts
+from tokenpace.cli.bench_options import BenchOptions
+from tokenpace.engine.profile import EngineProfile
+from tokenpace.metrics.slo import Slo
+
+
+@pytest.fixture
+def slow_profile(paper_profile: EngineProfile, tmp_path: Path) -> Path:
+    """A profile whose l_min is 1.5x the reference's, as a JSON file."""
+    profile = replace(paper_profile, name="slow", l_min_ms=1.5 * paper_profile.l_min_ms)
+    path = tmp_path / "slow.json"
+    path.write_text(profile.to_json())
+    return path
+
+
+def test_a_real_engine_is_judged_by_the_slo_scaled_to_its_l_min(
+    paper_profile: EngineProfile,
+) -> None:
+    slow = replace(paper_profile, l_min_ms=1.5 * paper_profile.l_min_ms)
+    assert bench_slo(BenchOptions(engine="native"), slow) == Slo(3000.0, 150.0)
+    assert bench_slo(BenchOptions(engine="vllm", slo_tpot_ms=80.0), slow) == Slo(3000.0, 80.0)
+    # The simulator keeps the defaults whatever its profile.
+    assert bench_slo(BenchOptions(), slow) == Slo(2000.0, 100.0)
+
+
+def test_native_runs_main_high_and_kv_pressure_on_its_own_cache(
+    slow_profile: Path, paper_profile: EngineProfile
+) -> None:
+    options = BenchOptions(engine="native", profile=str(slow_profile))
+    plan = plan_options(options, replace(paper_profile, name="slow", l_min_ms=64.5))
+    parts, note = real_engine_parts(options, plan)
+    assert [[w.name for w in p.workloads] for p in parts] == [["main", "high"], ["kv_pressure"]]
+    main, kv_part = parts
+    assert main.kv_cache_tokens is None and main.profile == plan.profile
+    kv = cpu_kv_pressure(plan.profile, paper_profile)
+    assert kv_part.kv_cache_tokens == kv.kv_cache_tokens == kv_part.profile.kv_capacity_tokens
+    assert kv_part.workloads == (kv.workload,)
+    assert kv_part.slo == main.slo == Slo(3000.0, 150.0)
+    assert {"twp_slo", "vllm_default", "sarathi", "sla_batch"} <= set(main.schedulers)
+    assert kv_part.schedulers == main.schedulers
+    assert "TTFT 3000 ms, TPOT 150 ms (the default 2000/100 ms scaled by 1.50" in note
+    assert f"KV cache of {kv.kv_cache_tokens} tokens" in note
+    assert "scaled by 0.25" in note and "35.1 requests" in note
+
+
+def test_vllm_runs_main_and_high_only(
+    paper_profile: EngineProfile, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # vLLM's process setup changes the environment: not needed to build the parts.
+    monkeypatch.setattr("tokenpace.bench.engine_runner.prepare_process", lambda _engine: None)
+    options = BenchOptions(engine="vllm", slo_ttft_ms=1000.0, slo_tpot_ms=50.0)
+    parts, note = real_engine_parts(options, plan_options(options, paper_profile))
+    assert [[w.name for w in p.workloads] for p in parts] == [["main", "high"]]
+    assert "(as given)" in note and "native engine only" in note
