@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import csv
 import json
+from dataclasses import replace
 from pathlib import Path
+
+import pytest
 
 from tokenpace.bench.matrix import MatrixConfig
 from tokenpace.bench.suite import run_bench
@@ -79,3 +82,13 @@ def test_same_workload_for_every_scheduler_of_a_seed(
         return [r["arrival_s"] for r in rows if r["scheduler"] == scheduler and r["seed"] == "0"]
 
     assert arrivals("twp") == arrivals("fcfs") and arrivals("twp")
+
+
+def test_a_part_sizing_the_engine_cache_must_agree_with_its_profile(
+    paper_profile: EngineProfile,
+) -> None:
+    part = MatrixConfig(("fcfs",), (PoissonWorkload(),), (0,), paper_profile, Slo())
+    tokens = paper_profile.kv_capacity_tokens
+    assert replace(part, kv_cache_tokens=tokens).kv_cache_tokens == tokens
+    with pytest.raises(ValueError, match="kv_cache_tokens must equal the profile's KV capacity"):
+        replace(part, kv_cache_tokens=tokens // 2)
