@@ -125,9 +125,10 @@ def run(args: Settings) -> None:
         profile = engine_profile(engine, cache_dir, args.quick)
         reference = load_profile(REFERENCE_PROFILE)
         slo = scaled_slo(profile, reference, args.slo_ttft_ms, args.slo_tpot_ms)
-        knee, workloads = knee_workloads(profile, slo, LOADS, num_requests, cache_dir)
-        if not knee > 0:
-            raise SystemExit(f"{engine}: no load meets the SLO {slo}; give looser --slo-*-ms")
+        try:
+            knee, workloads = knee_workloads(profile, slo, LOADS, num_requests, cache_dir)
+        except ValueError as error:
+            raise SystemExit(f"{engine}: {error}; give looser --slo-*-ms") from None
         print(
             f"{engine}: profile l_min {profile.l_min_ms:.1f} ms, b0 {profile.b0}, alpha "
             f"{profile.alpha_ms:.2f} ms, decode residual {profile.decode_residual_ms}; "

@@ -13,6 +13,8 @@ from tokenpace.cli.bench_engine import bench_slo, real_engine_parts
 from tokenpace.cli.bench_options import BenchOptions
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.metrics.slo import Slo
+from tokenpace.workload.lengths import LengthMixture
+from tokenpace.workload.main_experiment import PoissonWorkload
 
 
 @pytest.fixture
@@ -34,6 +36,19 @@ def test_a_real_engine_is_judged_by_the_slo_scaled_to_its_l_min(
     assert bench_slo(BenchOptions(), slow) == Slo(2000.0, 100.0)
 
 
+def fake_knee(profile: EngineProfile, prompts: LengthMixture, outputs: LengthMixture) -> float:
+    return profile.num_gpu_blocks / 1000 + prompts.mean / 100
+
+
+@pytest.fixture
+def knee_stub(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The knee search is the simulator's (tested in tests/bench): a stand-in here."""
+    monkeypatch.setattr(
+        "tokenpace.cli.bench_engine.simulated_knee", lambda _slo, _cache_dir: fake_knee
+    )
+
+
+@pytest.mark.usefixtures("knee_stub")
 def test_native_runs_main_high_and_kv_pressure_on_its_own_cache(
     slow_profile: Path, paper_profile: EngineProfile
 ) -> None:
@@ -43,7 +58,7 @@ def test_native_runs_main_high_and_kv_pressure_on_its_own_cache(
     assert [[w.name for w in p.workloads] for p in parts] == [["main", "high"], ["kv_pressure"]]
     main, kv_part = parts
     assert main.kv_cache_tokens is None and main.profile == plan.profile
-    kv = cpu_kv_pressure(plan.profile, paper_profile)
+    kv = cpu_kv_pressure(plan.profile, paper_profile, fake_knee)
     assert kv_part.kv_cache_tokens == kv.kv_cache_tokens == kv_part.profile.kv_capacity_tokens
     assert kv_part.workloads == (kv.workload,)
     assert kv_part.slo == main.slo == Slo(3000.0, 150.0)
@@ -52,8 +67,14 @@ def test_native_runs_main_high_and_kv_pressure_on_its_own_cache(
     assert "TTFT 3000 ms, TPOT 150 ms (the default 2000/100 ms scaled by 1.50" in note
     assert f"KV cache of {kv.kv_cache_tokens} tokens" in note
     assert "scaled by 0.25" in note and "35.1 requests" in note
+    high_workload = main.workloads[1]
+    assert isinstance(high_workload, PoissonWorkload)
+    high = fake_knee(plan.profile, high_workload.prompt_lengths, high_workload.output_lengths)
+    assert high_workload.rate_per_s == pytest.approx(1.2 * high)
+    assert f"`high` at {1.2 * high:.2f} req/s (1.2x its knee" in note
 
 
+@pytest.mark.usefixtures("knee_stub")
 def test_vllm_runs_main_and_high_only(
     paper_profile: EngineProfile, monkeypatch: pytest.MonkeyPatch
 ) -> None:

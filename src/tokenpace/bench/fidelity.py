@@ -12,12 +12,12 @@ from typing import Any
 
 import numpy as np
 
-from tokenpace.bench.capacity import KneeProblem, KneeSearch, cached_capacity
+from tokenpace.bench.capacity import KneeSearch
+from tokenpace.bench.cpu_scale import simulated_knee
 from tokenpace.bench.runners import RunnerSet, RunRequest
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.metrics.run_metrics import RunKey, summarize_run
 from tokenpace.metrics.slo import Slo
-from tokenpace.pool.capacity import pool_capacity_rps
 from tokenpace.runtime.step_loop import StepRecord
 from tokenpace.workload.main_experiment import (
     PAPER_OUTPUT_LENGTHS,
@@ -25,8 +25,6 @@ from tokenpace.workload.main_experiment import (
     PoissonWorkload,
 )
 from tokenpace.workload.spec import Workload, with_known_lengths
-
-KNEE_REQUESTS = 200  # arrivals per simulated rate when the knee is searched
 
 COMPARED = {
     "itl_mean": ("itl_ms", "mean"),
@@ -112,18 +110,12 @@ def knee_workloads(
     search: KneeSearch | None = None,
 ) -> tuple[float, dict[float, PoissonWorkload]]:
     """The knee (req/s) of one server with ``profile`` on the paper's main-experiment
-    mixtures, measured on the simulator (``bench.capacity``, cached in ``cache_dir``) with
-    ``KNEE_REQUESTS`` arrivals per rate whatever ``num_requests`` is (a few requests never
-    queue, so they would have no knee), and per load factor the workload of
-    ``num_requests`` Poisson arrivals at that multiple of it."""
-    guess = pool_capacity_rps(profile, PAPER_PROMPT_LENGTHS, PAPER_OUTPUT_LENGTHS, 1)
-    knee_base = PoissonWorkload(
-        name="main", rate_per_s=guess, duration_s=2 * KNEE_REQUESTS / guess,
-        max_requests=KNEE_REQUESTS,
-    )  # fmt: skip
-    problem = KneeProblem(profile, 1, knee_base, slo, search or KneeSearch())
-    knee = cached_capacity(problem, guess, cache_dir).knee_rps
-    base = replace(knee_base, max_requests=num_requests)
+    mixtures, measured on the simulator (``cpu_scale.simulated_knee``, cached in
+    ``cache_dir``), and per load factor the workload of ``num_requests`` Poisson arrivals
+    at that multiple of it. Raises ValueError when no rate meets ``slo``."""
+    knee_of = simulated_knee(slo, cache_dir, search)
+    knee = knee_of(profile, PAPER_PROMPT_LENGTHS, PAPER_OUTPUT_LENGTHS)
+    base = PoissonWorkload(name="main", max_requests=num_requests)
     workloads = {}
     for load in loads:
         rate = load * knee

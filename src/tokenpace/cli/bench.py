@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
 from rich.progress import Progress
 
-from tokenpace.bench.cpu_scale import cpu_workloads
+from tokenpace.bench.cpu_scale import cpu_main
 from tokenpace.bench.fidelity import measure_fidelity
 from tokenpace.bench.matrix import MatrixConfig
 from tokenpace.bench.presets import PRESETS, PlanOptions
@@ -42,13 +43,15 @@ def resolve_profile(value: str) -> EngineProfile:
 
 def cached_native_profile(cache_dir: Path) -> EngineProfile:
     """The native engine's fitted profile under ``cache_dir``/profiles, profiled on first
-    use."""
+    use: the default sweep with three passes over the decode batch sizes, each size keeping
+    its fastest (contention from other processes only ever adds time to a step)."""
     path = cache_dir / "profiles" / NATIVE_PROFILE_NAME
     if not path.is_file():
         print(f"profiling the native engine once into {path} (a minute or two)", file=sys.stderr)
         try:
             from tokenpace.engine.native import NativeEngineConfig
             from tokenpace.profiling import run_profile
+            from tokenpace.profiling.run import default_sweep
         except ImportError as error:
             setup = "scripts/setup.sh native"
             raise UsageError(f"the native engine needs `{setup}` ({error})") from None
@@ -57,6 +60,7 @@ def cached_native_profile(cache_dir: Path) -> EngineProfile:
             "native",
             path,
             engine_config=NativeEngineConfig(cache_dir=cache_dir),
+            sweep=replace(default_sweep("native"), decode_rounds=3),
             log=lambda message: print(message, file=sys.stderr),
         )
     return resolve_profile(str(path))
@@ -110,7 +114,7 @@ def run_fidelity(options: BenchOptions, plan: PlanOptions) -> None:
     from tokenpace.bench.engine_runner import prepare_process
 
     prepare_process(options.engine)
-    workload = cpu_workloads(plan.profile, resolve_profile(DEFAULT_PROFILE))[0]
+    workload = cpu_main(plan.profile, resolve_profile(DEFAULT_PROFILE))
     scheduler = (plan.schedulers or ("twp",))[0]
     with RunnerSet() as runners:
         result = measure_fidelity(

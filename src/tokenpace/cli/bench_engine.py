@@ -15,6 +15,7 @@ from tokenpace.bench.cpu_scale import (
     cpu_workloads,
     kv_pressure_requests_held,
     main_load_factor,
+    simulated_knee,
 )
 from tokenpace.bench.matrix import MatrixConfig
 from tokenpace.bench.presets import MAIN_SCHEDULERS, ROUTING_BASELINES, PlanOptions
@@ -59,7 +60,7 @@ def kv_pressure_note(kv: CpuKvPressure, reference: EngineProfile) -> str:
         f"{kv.kv_cache_tokens} tokens ({kv.profile.num_gpu_blocks} blocks, in the engine and "
         f"in the policies' profile): {kv_pressure_requests_held(reference):.1f} requests of "
         f"the mean footprint, as {KV_PRESSURE_BLOCKS} blocks hold at the scenario's lengths; "
-        f"{kv.workload.rate_per_s:.2f} req/s (1.2x capacity), {kv.workload.max_requests} "
+        f"{kv.workload.rate_per_s:.2f} req/s (1.2x its knee), {kv.workload.max_requests} "
         f"requests."
     )
 
@@ -75,9 +76,11 @@ def real_engine_parts(options: BenchOptions, plan: PlanOptions) -> tuple[list[Ma
     reference = load_profile(DEFAULT_PROFILE)
     names = plan.schedulers or MAIN_SCHEDULERS
     profile, slo = plan.profile, plan.slo
+    knee = simulated_knee(slo, plan.cache_dir)
+    workloads = cpu_workloads(profile, reference, knee)
     part = MatrixConfig(
         schedulers=tuple(n for n in names if n not in ROUTING_BASELINES),
-        workloads=cpu_workloads(profile, reference), seeds=plan.seeds, profile=profile,
+        workloads=workloads, seeds=plan.seeds, profile=profile,
         slo=slo, runner=options.engine, engine=options.engine, prompts=plan.prompts,
     )  # fmt: skip
     notes = [
@@ -87,13 +90,14 @@ def real_engine_parts(options: BenchOptions, plan: PlanOptions) -> tuple[list[Ma
         f"{reference.prefill_ms_per_token:.2f} ms/token). SLO: TTFT {slo.ttft_ms:.0f} ms, "
         f"TPOT {slo.tpot_ms:.0f} ms ({slo_origin(options, profile, reference)}).",
         f"`main` runs the paper's mixtures at the same multiple of capacity as 18 req/s on "
-        f"{reference.name} ({main_load_factor(reference):.2f}x), `high` at 1.2x capacity, "
-        f"{NUM_REQUESTS} requests each.",
+        f"{reference.name} ({main_load_factor(reference):.2f}x), `high` at "
+        f"{workloads[1].rate_per_s:.2f} req/s (1.2x its knee, measured on the simulator with "
+        f"the engine's profile under this SLO), {NUM_REQUESTS} requests each.",
     ]
     if options.engine != "native":
         notes.append("`kv_pressure` runs on the native engine only (it resizes the KV cache).")
         return [part], " ".join(notes)
-    kv = cpu_kv_pressure(profile, reference)
+    kv = cpu_kv_pressure(profile, reference, knee)
     kv_part = replace(
         part, workloads=(kv.workload,), profile=kv.profile, kv_cache_tokens=kv.kv_cache_tokens
     )
