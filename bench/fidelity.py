@@ -63,13 +63,13 @@ QUICK_SWEEP = SweepConfig(
 
 def fidelity_sweep(engine: str) -> SweepConfig:
     """The profiling sweep of the full run: the engine's default sweep over batches up to
-    32 (the workloads' range), contexts up to 512, four timed steps per point, three passes
-    over the batch sizes (each keeps its fastest: a first pass can still carry the engine's
-    warm-up, as a 132 ms batch-1 step against 51 ms later did on vLLM)."""
+    32 (the workloads' range), contexts up to 512, eight timed steps per point, three passes
+    over the batch sizes (each keeps its median: a first pass can still carry the engine's
+    warm-up, as a 132 ms batch-1 step against 51 ms later did on vLLM, and the fastest pass
+    is a lucky one on a machine whose speed drifts, as this CPU's did by 20% in a minute)."""
     return replace(
         default_sweep(engine), batch_sizes=(1, 2, 4, 8, 16, 32), context_lengths=(128, 512),
-        context_batch_sizes=(1, 8), prefill_chunks=(16, 64, 256), steps_per_point=4,
-        decode_rounds=3,
+        context_batch_sizes=(1, 8), prefill_chunks=(16, 64, 256), decode_rounds=3,
     )  # fmt: skip
 
 

@@ -44,7 +44,7 @@ def resolve_profile(value: str) -> EngineProfile:
 def cached_native_profile(cache_dir: Path) -> EngineProfile:
     """The native engine's fitted profile under ``cache_dir``/profiles, profiled on first
     use: the default sweep with three passes over the decode batch sizes, each size keeping
-    its fastest (contention from other processes only ever adds time to a step)."""
+    its median pass."""
     path = cache_dir / "profiles" / NATIVE_PROFILE_NAME
     if not path.is_file():
         print(f"profiling the native engine once into {path} (a minute or two)", file=sys.stderr)

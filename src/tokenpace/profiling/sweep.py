@@ -51,8 +51,8 @@ class SweepConfig:
     repeats: int = option(3, "Repetitions of each prefill and mixed point (median kept).")
     decode_rounds: int = option(
         1,
-        "Passes over batch_sizes; each size keeps its fastest pass, since contention from "
-        "other processes only ever adds time to a step.",
+        "Passes over batch_sizes; each size keeps its median pass, so that neither a pass "
+        "slowed by warm-up or contention nor a lucky fast one sets the point.",
     )
     warmup_passes: bool = option(
         True,
@@ -105,13 +105,11 @@ def run_sweep(probe: TimingProbe, config: SweepConfig, log: Log = lambda _m: Non
             probe.decode(config, size, config.decode_context)
     # The rounds interleave the sizes, so a burst of contention on a shared machine slows one
     # pass of a size rather than every measurement of it.
-    fastest: dict[int, DecodePoint] = {}
+    passes: dict[int, list[DecodePoint]] = {size: [] for size in config.batch_sizes}
     for _ in range(config.decode_rounds):
         for size in config.batch_sizes:
-            point = probe.decode(config, size, config.decode_context)
-            if size not in fastest or point.step_ms < fastest[size].step_ms:
-                fastest[size] = point
-    decode = tuple(fastest[size] for size in config.batch_sizes)
+            passes[size].append(probe.decode(config, size, config.decode_context))
+    decode = tuple(_median_pass(passes[size]) for size in config.batch_sizes)
     for point in decode:
         log(f"decode B={point.batch_size}: {point.step_ms:.1f} ms")
     context = []
@@ -149,3 +147,10 @@ def measure_read_bandwidth_gb_s(
         data.sum().item()
         best = min(best, clock() - start)
     return num_bytes / best / 1e9
+
+
+def _median_pass(points: list[DecodePoint]) -> DecodePoint:
+    """The pass whose step time is the median (the lower middle of an even count): one pass
+    slowed by warm-up or a burst of contention, or one lucky fast pass, moves nothing."""
+    ordered = sorted(points, key=lambda p: p.step_ms)
+    return ordered[(len(ordered) - 1) // 2]
