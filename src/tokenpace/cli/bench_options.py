@@ -44,8 +44,8 @@ class BenchOptions:
     seed: int = option(0, "First seed; the seeds are seed..seed+N-1.")
     profile: str | None = option(
         None,
-        "Shipped profile name or profile JSON (default: v100-llama-3.2-3b; with --engine "
-        "native the engine's fitted profile, profiled once and cached).",
+        "Shipped profile name or profile JSON (default: v100-llama-3.2-3b; with a real "
+        "--engine the engine's fitted profile, profiled once and cached).",
         metavar="NAME|FILE",
         known=shipped_profiles,
     )
@@ -119,11 +119,6 @@ class BenchOptions:
             raise ValueError(
                 "BenchOptions.fidelity compares a real engine with the simulator: "
                 "add --engine native"
-            )
-        if self.fidelity and self.engine == "vllm" and self.profile is None:
-            raise ValueError(
-                "BenchOptions.fidelity with --engine vllm needs --profile FILE (the engine's "
-                "fitted profile)"
             )
 
     @property
