@@ -6,8 +6,8 @@ that profile on the paper's main-experiment mixtures (measured on the simulator,
 ``tokenpace bench`` measures capacity), then the same workload and seed (``--requests``
 Poisson arrivals at each load) on the real engine and on the simulator under
 ``--scheduler``. Every request runs to its drawn output length on both.
-The knee's SLO is tokenpace bench's default (TTFT 2 s, TPOT 100 ms) scaled by how much
-slower the engine's l_min is than the reference profile's (never tightened), unless given.
+The knee's SLO is tokenpace bench's default (TTFT 2 s, TPOT 100 ms) scaled to the engine's
+profile as ``tokenpace bench --engine`` scales it (``metrics.slo.scaled_slo``), unless given.
 Each load's line on stderr also gives the errors of a simulator on Eq. 2 alone (the profile
 without its measured decode residual), to show what the residual contributes.
 ``--quick`` is a smoke test: a reduced profiling sweep and a few requests per load.

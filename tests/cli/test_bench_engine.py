@@ -64,7 +64,7 @@ def test_native_runs_main_high_and_kv_pressure_on_its_own_cache(
     assert kv_part.slo == main.slo == Slo(3000.0, 150.0)
     assert {"twp_slo", "vllm_default", "sarathi", "sla_batch"} <= set(main.schedulers)
     assert kv_part.schedulers == main.schedulers
-    assert "TTFT 3000 ms, TPOT 150 ms (the default 2000/100 ms scaled by 1.50" in note
+    assert "TTFT 3000 ms, TPOT 150 ms (the default 2000/100 ms scaled by 1.50 (TTFT" in note
     assert f"KV cache of {kv.kv_cache_tokens} tokens" in note
     assert "scaled by 0.25" in note and "35.1 requests" in note
     high_workload = main.workloads[1]

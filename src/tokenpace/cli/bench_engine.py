@@ -21,7 +21,14 @@ from tokenpace.bench.matrix import MatrixConfig
 from tokenpace.bench.presets import MAIN_SCHEDULERS, ROUTING_BASELINES, PlanOptions
 from tokenpace.cli.bench_options import DEFAULT_PROFILE, BenchOptions
 from tokenpace.engine.profile import EngineProfile, load_profile
-from tokenpace.metrics.slo import DEFAULT_TPOT_MS, DEFAULT_TTFT_MS, Slo, scaled_slo, slo_scale
+from tokenpace.metrics.slo import (
+    DEFAULT_TPOT_MS,
+    DEFAULT_TTFT_MS,
+    Slo,
+    scaled_slo,
+    slo_scale,
+    ttft_scale,
+)
 from tokenpace.workload.scenarios import KV_PRESSURE_BLOCKS
 
 
@@ -42,7 +49,9 @@ def slo_origin(options: BenchOptions, profile: EngineProfile, reference: EngineP
     ]  # fmt: skip
     scaled = (
         f"the default {DEFAULT_TTFT_MS:.0f}/{DEFAULT_TPOT_MS:.0f} ms scaled by "
-        f"{slo_scale(profile, reference):.2f}, the l_min ratio to {reference.name}"
+        f"{ttft_scale(profile, reference):.2f} (TTFT: the larger of the l_min and the prefill "
+        f"cost ratios to {reference.name}) and {slo_scale(profile, reference):.2f} (TPOT: the "
+        f"l_min ratio)"
     )
     if len(given) == 2:
         return "as given"
