@@ -32,6 +32,17 @@ class LatencyModel:
         eq2 = p.l_min_ms + p.alpha_ms * max(0, batch_size - p.b0)
         return eq2 + self.residual_ms(batch_size) if self._residual_sizes else eq2
 
+    def decode_attention_ms(
+        self, num_decode: int, decode_context_tokens: int, decode_max_context: int
+    ) -> float:
+        """The decode attention term (ms) of ``num_decode`` requests whose contexts sum to
+        ``decode_context_tokens``, the longest ``decode_max_context``: per 1,000 tokens of
+        the summed context, or of ``num_decode`` x the longest one for a profile with
+        ``decode_attention_padded``."""
+        p = self.profile
+        attended = num_decode * decode_max_context if p.decode_attention_padded else 0
+        return p.decode_attention_ms_per_kctx * (attended or decode_context_tokens) / 1000
+
     def residual_ms(self, batch_size: float) -> float:
         """The profile's decode residual at ``batch_size``: linear between swept sizes, the
         end values beyond them, 0 when the profile has none."""
@@ -69,10 +80,8 @@ class LatencyModel:
         the mixing overhead when they share the step with decode tokens."""
         if num_decode == 0 and not prefill_chunks:
             return 0.0
-        p = self.profile
         ms = self.decode_ms(num_decode)
-        attended = num_decode * decode_max_context if p.decode_attention_padded else None
-        ms += p.decode_attention_ms_per_kctx * (attended or decode_context_tokens) / 1000
+        ms += self.decode_attention_ms(num_decode, decode_context_tokens, decode_max_context)
         if prefill_chunks:
             ms += sum(self.prefill_ms(c) for c in prefill_chunks)
             if num_decode > 0:

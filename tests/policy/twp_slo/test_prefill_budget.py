@@ -4,6 +4,7 @@ prefill-only steps always make progress."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -18,6 +19,11 @@ from tokenpace.policy.twp_slo.policy import TwpSloPolicy
 from tokenpace.policy.twp_slo.prefill_budget import PrefillBudget
 
 PROFILE = load_profile("v100-llama-3.2-3b")
+# A CPU engine's shape: a measured residual over Eq. 2 and a padded decode attention term.
+PADDED = replace(
+    PROFILE, decode_attention_ms_per_kctx=5.0, decode_attention_padded=True,
+    decode_residual_ms=((1, -4.0), (8, 6.0), (32, 0.0)),
+)  # fmt: skip
 
 
 def prefilling(request_id: int, prompt: int, computed: int) -> Request:
@@ -81,3 +87,23 @@ def test_the_budget_pays_for_attention_over_the_context() -> None:
         assert latency.prefill_ms(PrefillChunk(tokens, context)) <= 22.0
         assert latency.prefill_ms(PrefillChunk(tokens + 1, context)) > 22.0
     assert math.isclose(budget.headroom_ms(20, 80.0), 22.0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    contexts=st.lists(st.integers(10, 3000), min_size=1, max_size=40),
+    prompts=st.lists(st.integers(1, 3000), min_size=1, max_size=8),
+)
+def test_the_headroom_pays_for_the_decoding_requests_attention(
+    contexts: list[int], prompts: list[int]
+) -> None:
+    cfg = TwpSloConfig.from_profile(PADDED, Slo(2000.0, 300.0))
+    policy = TwpSloPolicy(cfg, PADDED)
+    decoding = [running(1000 + i, c, 4000, 1) for i, c in enumerate(contexts)]
+    waiting = [request(i, prompt=p, max_tokens=50) for i, p in enumerate(prompts)]
+    plan = policy.plan(state(waiting, decoding, now_s=0.1))
+    chunks = [PrefillChunk(n, 0) for i, n in plan.num_scheduled_tokens.items() if i < 1000]
+    latency = LatencyModel(PADDED)
+    decode_only = latency.step_s(len(decoding), [], sum(contexts), max(contexts)) * 1000
+    step_ms = latency.step_s(len(decoding), chunks, sum(contexts), max(contexts)) * 1000
+    assert step_ms <= max(cfg.itl_target_ms, decode_only) + 1e-6

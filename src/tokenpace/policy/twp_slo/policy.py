@@ -91,10 +91,11 @@ class TwpSloPolicy:
         prefilling_at = columns.prefilling_positions()
         scheduled: dict[int, int] = columns.decoding_tokens(prefilling_at)
         num_decoding = len(scheduled)
+        attention_ms = self._decode_attention_ms(columns, prefilling_at, num_decoding)
         budget = self.budget
         if cfg.use_prefill_budget:
             self._budget = float(
-                budget.open(num_decoding, self.window.reference_ms, self._calibration)
+                budget.open(num_decoding, self.window.reference_ms, self._calibration, attention_ms)
             )
         else:
             self._budget = float(cfg.min_prefill_tokens)
@@ -176,7 +177,7 @@ class TwpSloPolicy:
                     prefill_ms += budget.cost_ms(tokens, request.num_computed_tokens)
         self.expected.admitted(admitted)
         self._num_forced = len(forced)
-        self._predicted_ms = self._latency.decode_ms(num_decoding) + prefill_ms
+        self._predicted_ms = self._latency.decode_ms(num_decoding) + attention_ms + prefill_ms
         if prefill_ms and num_decoding:
             self._predicted_ms += cfg.mixed_prefill_overhead_ms
         return StepPlan(
@@ -256,6 +257,20 @@ class TwpSloPolicy:
         if reservation is None:
             return self.kv_guard.admits(free, footprint)
         return need <= free and (idle or reservation.admits(footprint))
+
+    def _decode_attention_ms(
+        self, columns: RunningColumns, prefilling_at: npt.NDArray[np.intp], num_decoding: int
+    ) -> float:
+        """The profile's decode attention term (ms) over the decoding requests' contexts; 0
+        without one (no array is touched then)."""
+        if not num_decoding or self._latency.profile.decode_attention_ms_per_kctx <= 0:
+            return 0.0
+        contexts = columns.computed
+        if len(prefilling_at):
+            contexts = np.delete(contexts, prefilling_at)
+        return self._latency.decode_attention_ms(
+            num_decoding, int(contexts.sum()), int(contexts.max())
+        )
 
     def _calibrate(self, step_latency_s: float | None) -> None:
         if step_latency_s is None or not self._predicted_ms:

@@ -2,7 +2,9 @@
 
 Every decoding request sees the step's latency as its ITL, so the prefill a step may carry is
 what the ITL target leaves once the decode batch is paid for: headroom = l_target - l(B) -
-mixing cost, with l(B) the profile's decode latency (Eq. 2) of the B decoding requests. The
+mixing cost, with l(B) the profile's decode latency of the B decoding requests (Eq. 2 with
+its measured residual, plus the decode attention term over their contexts when the profile
+has one). The
 budget is spent on prefill chunks one request at a time, each chunk costing its tokens at the
 profile's per-token rate plus the attention term over its context, so the step's predicted
 latency never exceeds the target; a chunk is cut to what the remaining budget pays for. With
@@ -36,19 +38,24 @@ class PrefillBudget:
         self.tokens = 0
         self._scale = 1.0
 
-    def headroom_ms(self, num_decoding: int, target_ms: float, scale: float = 1.0) -> float:
+    def headroom_ms(
+        self, num_decoding: int, target_ms: float, scale: float = 1.0, attention_ms: float = 0.0
+    ) -> float:
         """Milliseconds of profile-rate prefill a step with ``num_decoding`` decoding requests
-        may carry without its predicted latency exceeding ``target_ms`` (may be negative)."""
+        (whose decode attention costs ``attention_ms`` at the profile's rate) may carry
+        without its predicted latency exceeding ``target_ms`` (may be negative)."""
         p = self._latency.profile
         if num_decoding == 0:
             return math.inf
-        decode_ms = scale * self._latency.decode_ms(num_decoding)
+        decode_ms = scale * (self._latency.decode_ms(num_decoding) + attention_ms)
         return (target_ms - decode_ms - scale * p.mixed_prefill_overhead_ms) / scale
 
-    def open(self, num_decoding: int, target_ms: float, scale: float = 1.0) -> int:
+    def open(
+        self, num_decoding: int, target_ms: float, scale: float = 1.0, attention_ms: float = 0.0
+    ) -> int:
         """Start a step; returns the budget's flat-rate token equivalent (``tokens``)."""
         self._scale = scale
-        self.left_ms = max(0.0, self.headroom_ms(num_decoding, target_ms, scale))
+        self.left_ms = max(0.0, self.headroom_ms(num_decoding, target_ms, scale, attention_ms))
         per_token = self._latency.profile.prefill_ms_per_token
         flat = self.left_ms / per_token if per_token > 0 else math.inf
         self.tokens_left = int(min(self._max_tokens, flat))
