@@ -20,6 +20,7 @@ from tokenpace.bench.cpu_scale import (
 )
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.metrics.slo import Slo
+from tokenpace.pool.capacity import pool_capacity_rps
 from tokenpace.workload.lengths import LengthMixture
 from tokenpace.workload.main_experiment import PAPER_OUTPUT_LENGTHS, PAPER_PROMPT_LENGTHS
 from tokenpace.workload.scenarios import (
@@ -113,3 +114,16 @@ def test_the_simulated_knee_is_the_rate_where_vllm_default_stops_meeting_the_slo
     assert knee(slower, PAPER_PROMPT_LENGTHS, PAPER_OUTPUT_LENGTHS) < rps
     assert list(tmp_path.glob("capacity-*.json"))  # cached
     assert knee(paper_profile, PAPER_PROMPT_LENGTHS, PAPER_OUTPUT_LENGTHS) == rps
+
+
+def test_where_the_slo_never_binds_the_knee_is_the_throughput_ceiling(
+    paper_profile: EngineProfile, tmp_path: Path
+) -> None:
+    # An SLO no rate can miss: 200 arrivals all at once still meet it.
+    search = KneeSearch(seeds=(1000,), max_doublings=3)
+    loose = Slo(1e9, 1e9)
+    rps = simulated_knee(loose, tmp_path, search)(
+        paper_profile, PAPER_PROMPT_LENGTHS, PAPER_OUTPUT_LENGTHS
+    )
+    estimate = pool_capacity_rps(paper_profile, PAPER_PROMPT_LENGTHS, PAPER_OUTPUT_LENGTHS, 1)
+    assert 0.5 * estimate < rps < 10 * estimate

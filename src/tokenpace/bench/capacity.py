@@ -180,13 +180,18 @@ def serial_evaluator(problem: KneeProblem, rates: Sequence[float]) -> list[RateS
     return [evaluate_rate(problem, r) for r in rates]
 
 
+class SloNeverBindsError(ValueError):
+    """The knee search found no rate that misses the SLO target: on the problem's arrivals
+    the SLO does not bind below the search's highest rate."""
+
+
 def find_capacity(
     problem: KneeProblem, initial_guess_rps: float, evaluate: Evaluator = serial_evaluator
 ) -> Capacity:
     """Search the knee from ``initial_guess_rps`` (any positive rate; the search doubles or
     halves from it until the target is bracketed, then bisects), then measure the ceiling.
-    Raises ValueError if no rate meets the target or none misses it within the doublings
-    allowed."""
+    Raises ValueError if no rate meets the target, SloNeverBindsError (a ValueError) if none
+    misses it within the doublings allowed."""
     if not initial_guess_rps > 0:
         raise ValueError(f"initial_guess_rps must be positive, got {initial_guess_rps}")
     target = problem.search.attainment
@@ -212,7 +217,7 @@ def find_capacity(
                 break
             rate /= problem.search.step_factor
     if high == math.inf:
-        raise ValueError(f"no rate up to {rate:.3g} req/s misses the SLO target")
+        raise SloNeverBindsError(f"no rate up to {rate:.3g} req/s misses the SLO target")
     if low == 0:
         raise ValueError(f"no rate down to {rate:.3g} req/s meets the SLO target")
     while high - low > problem.search.rel_tolerance * low:

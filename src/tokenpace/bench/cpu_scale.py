@@ -27,7 +27,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tokenpace.bench.capacity import KneeProblem, KneeSearch, cached_capacity
+from tokenpace.bench.capacity import (
+    KneeProblem,
+    KneeSearch,
+    SloNeverBindsError,
+    cached_capacity,
+    throughput_ceiling_rps,
+)
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.metrics.slo import Slo
 from tokenpace.pool.capacity import pool_capacity_rps
@@ -62,8 +68,10 @@ Knee = Callable[[EngineProfile, LengthMixture, LengthMixture], float]
 def simulated_knee(slo: Slo, cache_dir: Path | None, search: KneeSearch | None = None) -> Knee:
     """The knee of one simulated server under ``slo`` (``bench.capacity``'s bisection with
     ``KNEE_REQUESTS`` Poisson arrivals per rate whatever a workload's own size: a few
-    requests never queue, so they would have no knee; cached in ``cache_dir``). The knee
-    raises ValueError when the search cannot bracket it (``bench.capacity.find_capacity``)."""
+    requests never queue, so they would have no knee; cached in ``cache_dir``). Where the
+    SLO never binds on those arrivals (a loose SLO: they all arrive at once and still meet
+    it), capacity is the throughput ceiling instead. The knee raises ValueError when no rate
+    meets the SLO."""
 
     def knee(profile: EngineProfile, prompts: LengthMixture, outputs: LengthMixture) -> float:
         guess = pool_capacity_rps(profile, prompts, outputs, 1)
@@ -72,7 +80,10 @@ def simulated_knee(slo: Slo, cache_dir: Path | None, search: KneeSearch | None =
             max_requests=KNEE_REQUESTS, prompt_lengths=prompts, output_lengths=outputs,
         )  # fmt: skip
         problem = KneeProblem(profile, 1, base, slo, search or KneeSearch())
-        return cached_capacity(problem, guess, cache_dir).knee_rps
+        try:
+            return cached_capacity(problem, guess, cache_dir).knee_rps
+        except SloNeverBindsError:
+            return throughput_ceiling_rps(problem)
 
     return knee
 
