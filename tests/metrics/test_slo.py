@@ -12,7 +12,7 @@ from tokenpace.metrics.slo import (
     DEFAULT_TTFT_MS,
     Slo,
     scaled_slo,
-    slo_scale,
+    tpot_scale,
     ttft_scale,
 )
 
@@ -21,7 +21,7 @@ def test_a_slower_engine_gets_objectives_looser_by_its_l_min_ratio(
     paper_profile: EngineProfile,
 ) -> None:
     slower = replace(paper_profile, l_min_ms=1.5 * paper_profile.l_min_ms)
-    assert slo_scale(slower, paper_profile) == pytest.approx(1.5)
+    assert tpot_scale(slower, paper_profile) == pytest.approx(1.5)
     slo = scaled_slo(slower, paper_profile)
     assert slo.ttft_ms == pytest.approx(1.5 * DEFAULT_TTFT_MS)
     assert slo.tpot_ms == pytest.approx(1.5 * DEFAULT_TPOT_MS)

@@ -26,7 +26,7 @@ from tokenpace.metrics.slo import (
     DEFAULT_TTFT_MS,
     Slo,
     scaled_slo,
-    slo_scale,
+    tpot_scale,
     ttft_scale,
 )
 from tokenpace.workload.scenarios import KV_PRESSURE_BLOCKS
@@ -50,7 +50,7 @@ def slo_origin(options: BenchOptions, profile: EngineProfile, reference: EngineP
     scaled = (
         f"the default {DEFAULT_TTFT_MS:.0f}/{DEFAULT_TPOT_MS:.0f} ms scaled by "
         f"{ttft_scale(profile, reference):.2f} (TTFT: the larger of the l_min and the prefill "
-        f"cost ratios to {reference.name}) and {slo_scale(profile, reference):.2f} (TPOT: the "
+        f"cost ratios to {reference.name}) and {tpot_scale(profile, reference):.2f} (TPOT: the "
         f"l_min ratio)"
     )
     if len(given) == 2:

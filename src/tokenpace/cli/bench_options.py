@@ -59,11 +59,13 @@ class BenchOptions:
         False, "With a real --engine: the same workload on the engine and the simulator, errors."
     )
     slo_ttft_ms: float | None = option(
-        None, "TTFT objective of goodput (ms; default 2000, on a real --engine scaled by its "
-        "l_min against v100-llama-3.2-3b's, never tightened).",
+        None, "TTFT objective of goodput (ms; default 2000, on a real --engine scaled by the "
+        "larger of its l_min and prefill-cost ratios to v100-llama-3.2-3b, never tightened).",
     )  # fmt: skip
     slo_tpot_ms: float | None = option(
-        None, "TPOT objective of goodput (ms; default 100, scaled as --slo-ttft-ms)."
+        None,
+        "TPOT objective of goodput (ms; default 100, on a real --engine scaled by its "
+        "l_min ratio to v100-llama-3.2-3b, never tightened).",
     )
     out: Path = option(Path("results/main"), "Output directory.")
     prompts: Path | None = option(None, "GSM8K-style JSONL with prompt text (optional).")

@@ -27,22 +27,22 @@ class Slo:
                 raise ValueError(f"{name} must be positive, got {value}")
 
 
-def slo_scale(profile: EngineProfile, reference: EngineProfile) -> float:
+def tpot_scale(profile: EngineProfile, reference: EngineProfile) -> float:
     """How much slower ``profile``'s l_min is than ``reference``'s, never below 1: the
     scale of the TPOT objective (a decode step)."""
     return max(1.0, profile.l_min_ms / reference.l_min_ms)
 
 
 def ttft_scale(profile: EngineProfile, reference: EngineProfile) -> float:
-    """The scale of the TTFT objective: the larger of ``slo_scale`` and how much slower
-    ``profile`` prefills a token than ``reference`` (a first token waits in the queue, paced
-    by steps, then for its prompt's prefill), never below 1."""
+    """The scale of the TTFT objective: the larger of ``tpot_scale`` (the l_min ratio) and
+    how much slower ``profile`` prefills a token than ``reference`` (a first token waits in
+    the queue, paced by steps, then for its prompt's prefill), never below 1."""
     prefill = (
         profile.prefill_ms_per_token / reference.prefill_ms_per_token
         if reference.prefill_ms_per_token > 0
         else 1.0
     )
-    return max(slo_scale(profile, reference), prefill)
+    return max(tpot_scale(profile, reference), prefill)
 
 
 def scaled_slo(
@@ -53,11 +53,11 @@ def scaled_slo(
 ) -> Slo:
     """The default SLO (``DEFAULT_TTFT_MS``, ``DEFAULT_TPOT_MS``, set for ``reference``)
     scaled to ``profile``: TTFT by ``ttft_scale`` (step time and prefill cost), TPOT by
-    ``slo_scale`` (step time). An engine slower than the reference gets objectives looser
+    ``tpot_scale`` (step time). An engine slower than the reference gets objectives looser
     in proportion, a faster one keeps the defaults. An objective given (ms) is kept as
     is."""
     default_ttft = DEFAULT_TTFT_MS * ttft_scale(profile, reference)
-    default_tpot = DEFAULT_TPOT_MS * slo_scale(profile, reference)
+    default_tpot = DEFAULT_TPOT_MS * tpot_scale(profile, reference)
     return Slo(
         ttft_ms=ttft_ms if ttft_ms is not None else default_ttft,
         tpot_ms=tpot_ms if tpot_ms is not None else default_tpot,
