@@ -77,12 +77,12 @@ def measure_fidelity(
     for each compared metric."""
     # Real engines stop requests through max_tokens: the simulator gets the same caps.
     specs = with_known_lengths(workload.generate(np.random.default_rng([seed, 0])))
-    eq2_only = replace(profile, decode_residual_ms=())
+    compared = [("real", engine, profile), ("sim", "sim", profile)]
+    if profile.decode_residual_ms:  # else Eq. 2 alone is the simulator already run
+        compared.append(("eq2", "sim", replace(profile, decode_residual_ms=())))
     runs = {}
     overhead = float("nan")
-    for label, runner, run_profile in (
-        ("real", engine, profile), ("sim", "sim", profile), ("eq2", "sim", eq2_only)
-    ):  # fmt: skip
+    for label, runner, run_profile in compared:
         output = runners.get(runner)(
             RunRequest(scheduler, specs, run_profile, np.random.default_rng([seed, 1]), slo)
         )
@@ -98,7 +98,8 @@ def measure_fidelity(
             for name, path in COMPARED.items()
         }
 
-    return FidelityResult(runs["real"], runs["sim"], errors("sim"), overhead, errors("eq2"))
+    eq2_label = "eq2" if "eq2" in runs else "sim"
+    return FidelityResult(runs["real"], runs["sim"], errors("sim"), overhead, errors(eq2_label))
 
 
 def knee_workloads(
