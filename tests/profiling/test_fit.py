@@ -8,7 +8,13 @@ import pytest
 
 from tokenpace.engine.latency_model import LatencyModel, PrefillChunk
 from tokenpace.engine.profile import load_profile
-from tokenpace.profiling.fit import decode_residuals, fit_eq2, fit_eq2_discrete, fit_prefill
+from tokenpace.profiling.fit import (
+    decode_residuals,
+    fit_eq2,
+    fit_eq2_discrete,
+    fit_prefill,
+    pass_spread,
+)
 from tokenpace.profiling.points import DecodePoint, MixedPoint, PrefillPoint
 
 BATCHES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
@@ -106,3 +112,31 @@ def test_the_decode_residual_makes_the_model_pass_through_every_point() -> None:
     assert min(measured[16], measured[32]) <= model.decode_ms(24) <= max(measured[16], measured[32])
     # Eq. 2 alone misses the single-row step by more than 10%.
     assert abs(eq2.predict_ms(1) - measured[1]) > 0.1 * measured[1]
+
+
+def test_a_residual_within_the_pass_to_pass_spread_is_noise_and_dropped() -> None:
+    # A straight Eq. 2 line with one point 3 ms high (within passes 4% apart) and one point
+    # 30 ms high (far beyond them).
+    measured = {1: 40.0, 2: 40.0, 4: 43.0, 8: 40.0, 16: 78.0, 32: 80.0}
+    points = [DecodePoint(b, 128, ms, 0.0) for b, ms in measured.items()]
+    passes = [
+        DecodePoint(b, 128, ms * factor, 0.0)
+        for b, ms in measured.items()
+        for factor in (0.98, 1.0, 1.02)
+    ]
+    assert pass_spread(passes) == pytest.approx(0.04)
+    eq2 = fit_eq2(points)
+    kept = dict(decode_residuals(eq2, points))
+    gated = dict(decode_residuals(eq2, points, passes))
+    for size, residual in gated.items():
+        noise = 0.04 * measured[size]
+        if abs(kept[size]) > noise:
+            assert residual == kept[size]
+        else:
+            assert residual == 0.0
+    assert gated[4] == 0.0 and kept[4] != 0.0
+    assert gated[16] != 0.0
+    # A single pass per size measures no spread: every residual is kept.
+    single = [DecodePoint(b, 128, ms, 0.0) for b, ms in measured.items()]
+    assert pass_spread(single) == 0.0
+    assert dict(decode_residuals(eq2, points, single)) == kept

@@ -53,3 +53,6 @@ def test_each_batch_size_keeps_its_median_pass() -> None:
     )
     sweep = run_sweep(probe, config)
     assert [p.step_ms for p in sweep.decode] == [45.0, 48.0, 61.0]
+    # Every timed pass is kept for the residual's noise gate, the warm-up pass is not.
+    assert sorted(p.step_ms for p in sweep.decode_passes if p.batch_size == 1) == [40.0, 45.0, 90.0]
+    assert len(sweep.decode_passes) == 9

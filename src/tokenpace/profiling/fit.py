@@ -103,16 +103,48 @@ def fit_eq2(points: Sequence[DecodePoint], b0: int | None = None) -> Eq2Fit:
     return Eq2Fit(l_min, b0, alpha, _r2(ms, residuals))
 
 
-def decode_residuals(eq2: Eq2Fit, points: Sequence[DecodePoint]) -> tuple[tuple[int, float], ...]:
+def decode_residuals(
+    eq2: Eq2Fit, points: Sequence[DecodePoint], passes: Sequence[DecodePoint] = ()
+) -> tuple[tuple[int, float], ...]:
     """Per swept batch size (increasing), the median of what its points measured beyond
     ``eq2`` (ms): the profile's ``decode_residual_ms``, with which the latency model passes
-    through every measured point instead of Eq. 2's two segments."""
+    through every measured point instead of Eq. 2's two segments.
+
+    ``passes`` (every pass of every size, ``Sweep.decode_passes``) sets what counts as
+    shape rather than noise: a size's residual is kept only where it exceeds the sweep's
+    pass-to-pass spread at that size (its step time times the median, over the sizes
+    measured more than once, of each size's range of passes over its median pass), and is
+    zero otherwise, so the model follows Eq. 2 where a point's departure from it is within
+    what the same point moved between passes. Without passes measured more than once every
+    residual is kept."""
     by_size: dict[int, list[float]] = {}
+    measured: dict[int, float] = {}
     for p in points:
         by_size.setdefault(p.batch_size, []).append(p.step_ms - eq2.predict_ms(p.batch_size))
+        measured[p.batch_size] = p.step_ms
+    spread = pass_spread(passes)
     return tuple(
-        (size, round(float(np.median(values)), 4)) for size, values in sorted(by_size.items())
+        (size, round(_gated(float(np.median(values)), spread * measured[size]), 4))
+        for size, values in sorted(by_size.items())
     )
+
+
+def pass_spread(passes: Sequence[DecodePoint]) -> float:
+    """The sweep's relative pass-to-pass spread: over the batch sizes with more than one
+    pass, the median of (slowest - fastest pass) / median pass; 0 with none."""
+    by_size: dict[int, list[float]] = {}
+    for p in passes:
+        by_size.setdefault(p.batch_size, []).append(p.step_ms)
+    ranges = [
+        (max(times) - min(times)) / float(np.median(times))
+        for times in by_size.values()
+        if len(times) > 1 and np.median(times) > 0
+    ]
+    return float(np.median(ranges)) if ranges else 0.0
+
+
+def _gated(residual_ms: float, noise_ms: float) -> float:
+    return residual_ms if abs(residual_ms) > noise_ms else 0.0
 
 
 def fit_eq2_discrete(points: Sequence[DecodePoint]) -> Eq2Fit:

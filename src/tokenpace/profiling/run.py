@@ -19,6 +19,7 @@ from tokenpace.profiling.fit import (
     fit_decode_attention,
     fit_eq2,
     fit_prefill,
+    pass_spread,
     without_context,
 )
 from tokenpace.profiling.points import DecodePoint, MixedPoint, PrefillPoint
@@ -61,11 +62,12 @@ def fit_profile(
     """The profile of one sweep: the decode attention term per 1,000 context tokens first,
     Eq. 2 on the decode points with it removed (knee fixed at ``b0`` when given), then the
     prefill terms and the mixing overhead, and the decode residual (what each swept batch
-    measured beyond Eq. 2); the fits are returned for the figure."""
+    measured beyond Eq. 2, where that exceeds the sweep's pass-to-pass spread:
+    ``fit.decode_residuals``); the fits are returned for the figure."""
     decode_attention = fit_decode_attention(sweep.context)
     decode = without_context(sweep.decode, decode_attention)
     eq2 = fit_eq2(decode, b0)
-    residual = decode_residuals(eq2, decode)
+    residual = decode_residuals(eq2, decode, sweep.decode_passes)
     # A prefill-only step pays the latency model's decode floor: l_min plus the residual
     # at the smallest swept batch.
     floor_ms = eq2.l_min_ms + (residual[0][1] if residual else 0.0)
@@ -73,6 +75,9 @@ def fit_profile(
     notes = {
         "source": source,
         **point_notes(eq2, sweep.decode, sweep.context, sweep.prefill, sweep.mixed),
+        "decode_pass_spread": f"Decode passes differed by {pass_spread(sweep.decode_passes):.1%} "
+        "(median over batch sizes of the range of passes over the median pass); a residual "
+        "within that spread is written as 0.",
         "step_latency": "A step's wall time from its start to the delivery of its tokens, "
         "as the policy sees it (profiling.probe).",
         **facts.notes,

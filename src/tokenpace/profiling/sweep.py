@@ -87,13 +87,16 @@ class SweepConfig:
 @dataclass(frozen=True, slots=True)
 class Sweep:
     """What one sweep measured (``mixed`` None when the config asked for no mixed point),
-    with the engine's KV facts."""
+    with the engine's KV facts. ``decode`` holds each batch size's median pass;
+    ``decode_passes`` every pass of every size (the pass-to-pass spread the residual fit
+    weighs its points against; empty when the sweep did not keep them)."""
 
     decode: tuple[DecodePoint, ...]
     context: tuple[DecodePoint, ...]
     prefill: tuple[PrefillPoint, ...]
     mixed: MixedPoint | None
     kv: KvFacts
+    decode_passes: tuple[DecodePoint, ...] = ()
 
 
 def run_sweep(probe: TimingProbe, config: SweepConfig, log: Log = lambda _m: None) -> Sweep:
@@ -127,7 +130,8 @@ def run_sweep(probe: TimingProbe, config: SweepConfig, log: Log = lambda _m: Non
             f"mixed: decode {mixed.decode_ms:.1f} ms, with a {mixed.chunk}-token chunk "
             f"{mixed.mixed_ms:.1f} ms"
         )
-    return Sweep(decode, tuple(context), tuple(prefill), mixed, probe.kv)
+    every_pass = tuple(p for size in config.batch_sizes for p in passes[size])
+    return Sweep(decode, tuple(context), tuple(prefill), mixed, probe.kv, every_pass)
 
 
 def measure_read_bandwidth_gb_s(
