@@ -106,6 +106,27 @@ def test_twp_admissions_follow_the_policy_and_the_window_holds(vllm_llm: Any) ->
     assert all(r.last_step_latency_s is not None and r.last_step_latency_s > 0 for r in records[1:])
 
 
+def test_twp_slo_steps_carry_no_more_prefill_than_its_plan(vllm_llm: Any) -> None:
+    # Long prompts arriving together: vLLM alone would prefill them in 512-token steps
+    # beside the decodes; twp_slo's plan pays for what its ITL target leaves per step.
+    lengths = [400, 460, 430, 410, 450, 420]
+    scheduler, outputs, records = _run(vllm_llm, "twp_slo", lengths, max_tokens=12)
+    assert [len(o.outputs[0].token_ids) for o in outputs] == [12] * len(lengths)
+    _assert_admissions_followed_plan(records)
+    bound = [r for r in records if r.planned_tokens is not None]
+    assert len(bound) >= len(records) - 1
+    for record in bound:
+        assert record.num_scheduled_tokens <= record.planned_tokens, record
+    mixed = [
+        r for r in bound if r.num_decode_tokens and r.num_scheduled_tokens > r.num_decode_tokens
+    ]
+    assert mixed, "no step mixed prefill into decodes"
+    # A decode step's prefill share stays under one prompt: the budget, not the prompt, sets it.
+    assert max(r.num_scheduled_tokens - r.num_decode_tokens for r in mixed) < min(lengths)
+    # The scheduler's own limits are restored after every pass.
+    assert scheduler.max_num_scheduled_tokens == scheduler.scheduler_config.max_num_batched_tokens
+
+
 @pytest.mark.parametrize("policy", ["twp", "fcfs"])
 def test_outputs_complete(vllm_llm: Any, policy: str) -> None:
     lengths = [12, 30, 55, 80, 21, 64]
@@ -117,6 +138,7 @@ def test_outputs_complete(vllm_llm: Any, policy: str) -> None:
         # No concurrency bound: everything is admitted on the first step, prompts unchunked.
         assert len(records[0].admitted_ids) == len(lengths)
         assert scheduler.scheduler_config.long_prefill_token_threshold == 0
+        assert all(r.planned_tokens is None for r in records)
     else:
         _assert_window_held(records)
 

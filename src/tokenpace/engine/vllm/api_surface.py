@@ -45,10 +45,11 @@ def _attrs(path: str, owner: str, names: str) -> tuple[UsedMember, ...]:
 
 _SCHEDULER_ATTRS = (
     "requests waiting running kv_holding_waiting kv_cache_manager scheduler_config "
-    "block_size max_model_len"
+    "block_size max_model_len max_num_scheduled_tokens"
 )
 _REQUEST_ATTRS = (
-    "request_id num_prompt_tokens max_tokens num_computed_tokens output_token_ids status"
+    "request_id num_prompt_tokens max_tokens num_computed_tokens output_token_ids status "
+    "num_tokens_with_spec num_output_placeholders"
 )
 _STATUSES = "RUNNING FINISHED_STOPPED FINISHED_LENGTH_CAPPED FINISHED_IGNORED"
 

@@ -13,7 +13,13 @@ waiting queue holding only the requests the policy admitted, in the policy's ord
 runs its normal pass (running requests first, preemption, token budget, KV allocation) and
 admits a prefix of that queue; everything else stays in vLLM's real waiting queue, which is
 put back untouched, with requests preempted during the pass at its front as vLLM would.
-A chunking policy's chunk C becomes vLLM's ``long_prefill_token_threshold``.
+A chunking policy's chunk C becomes vLLM's ``long_prefill_token_threshold``. A policy that
+budgets prefill per step (``step_tokens.PlansStepTokens``: twp_slo) has its plan's token
+counts binding: for that pass vLLM visits the decoding requests first and not the requests
+the plan gives no tokens, its token budget is
+the plan's total and its per-request cap the plan's largest chunk (``step_tokens``); vLLM's
+running order and limits are restored afterwards. The one visible difference: a request
+vLLM preempts in that pass is the last prefilling one rather than the last admitted.
 
 Liveness: when the policy admits nothing while nothing runs and requests wait, the head of
 the queue is admitted anyway (recorded as ``liveness_ids``), so the engine never spins on
@@ -35,6 +41,7 @@ from tokenpace.engine.vllm.mirror import RequestMirror
 from tokenpace.engine.vllm.policy_setup import engine_profile, make_policy, prefill_chunk_tokens
 from tokenpace.engine.vllm.settings import SchedulerSettings
 from tokenpace.engine.vllm.step_log import SchedulerStepRecord, StepLog
+from tokenpace.engine.vllm.step_tokens import PlansStepTokens, StepTokenLimits, step_token_limits
 from tokenpace.engine.vllm.timing import StepTimer
 from tokenpace.engine.vllm.version import require_supported_vllm
 from tokenpace.policy import Policy
@@ -156,11 +163,16 @@ class TokenpaceScheduler(Scheduler):  # type: ignore[misc]
         plan = self.tokenpace_policy.plan(state)
         liveness = self._liveness_ids(plan, state)
         chosen = self._chosen_requests((*plan.admit_ids, *liveness))
-        output, started, num_preempted = self._schedule_only(chosen, args, kwargs)
+        limits = self._token_limits(plan, liveness)
+        output, started, num_preempted = self._schedule_only(chosen, limits, args, kwargs)
         admitted = self.mirror.admit([r.request_id for r in started], now)
         self._mirror_preemptions()
         self.timer.scheduled(now, output.total_num_scheduled_tokens)
-        self._record(now, state, num_waiting, plan, liveness, admitted, output, num_preempted)
+        planned_tokens = limits.token_budget if limits is not None else None
+        self._record(
+            now, state, num_waiting, plan, liveness, admitted, output, num_preempted,
+            planned_tokens,
+        )  # fmt: skip
         self.step_index += 1
         return output
 
@@ -259,24 +271,69 @@ class TokenpaceScheduler(Scheduler):  # type: ignore[misc]
             chosen.append(engine_request)
         return chosen
 
+    def _token_limits(self, plan: StepPlan, liveness: tuple[int, ...]) -> StepTokenLimits | None:
+        """The limits that make vLLM's pass follow the plan's token counts, for a policy
+        that budgets prefill per step; None (vLLM's own limits) otherwise, on a liveness
+        admission, or when the plan schedules nothing."""
+        policy = self.tokenpace_policy
+        if liveness or not (isinstance(policy, PlansStepTokens) and policy.plans_step_tokens):
+            return None
+        planned_tokens = plan.num_scheduled_tokens
+        needed: list[int] = []
+        planned: list[int | None] = []
+        for engine_request in self.running:
+            needed.append(
+                int(engine_request.num_tokens_with_spec)
+                + int(engine_request.num_output_placeholders)
+                - int(engine_request.num_computed_tokens)
+            )
+            mirrored = self.mirror.get(engine_request.request_id)
+            planned.append(None if mirrored is None else planned_tokens.get(mirrored.request_id, 0))
+        admitted = [planned_tokens.get(i, 0) for i in plan.admit_ids]
+        limits = step_token_limits(needed, planned, admitted, self.max_num_scheduled_tokens)
+        return limits if limits.token_budget > 0 else None
+
     def _schedule_only(
-        self, chosen: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+        self,
+        chosen: list[Any],
+        limits: StepTokenLimits | None,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
     ) -> tuple[Any, list[Any], int]:
-        """Run vLLM's ``schedule`` with a waiting queue holding only ``chosen`` (in order).
+        """Run vLLM's ``schedule`` with a waiting queue holding only ``chosen`` (in order),
+        under ``limits`` when given.
 
         Returns the scheduler output, the chosen requests vLLM started, and the number of
         requests it preempted during the pass. vLLM's real waiting queue is restored
         afterwards, without the started requests, with the preempted at its front in the
-        order vLLM queued them.
+        order vLLM queued them; so are its running order (requests it started last) and its
+        token limits.
         """
         withheld: Any = self.waiting
         staged: Any = FCFSRequestQueue(chosen)
         chosen_keys = {id(r) for r in chosen}
         self.waiting = staged
         self._num_withheld = len(withheld) - len(chosen)
+        original_running: list[Any] = list(self.running)
+        max_tokens = self.max_num_scheduled_tokens
+        threshold = self.scheduler_config.long_prefill_token_threshold
+        if limits is not None:
+            self.running = [original_running[i] for i in limits.running_order]
+            self.max_num_scheduled_tokens = limits.token_budget
+            if limits.long_prefill_threshold is not None:
+                self.scheduler_config.long_prefill_token_threshold = limits.long_prefill_threshold
         try:
             output = super().schedule(*args, **kwargs)
         finally:
+            if limits is not None:
+                self.max_num_scheduled_tokens = max_tokens
+                self.scheduler_config.long_prefill_token_threshold = threshold
+                position = {id(r): i for i, r in enumerate(original_running)}
+                visited = {id(original_running[i]) for i in limits.running_order}
+                running: list[Any] = list(self.running)
+                running += [r for r in original_running if id(r) not in visited]
+                running.sort(key=lambda r: position.get(id(r), len(original_running)))
+                self.running = running
             leftover = list(staged)
             self.waiting = withheld
             self._num_withheld = 0
@@ -298,6 +355,7 @@ class TokenpaceScheduler(Scheduler):  # type: ignore[misc]
         admitted: list[Request],
         output: Any,
         num_preempted: int,
+        planned_tokens: int | None,
     ) -> None:
         load_before = float(sum(r.remaining_output_tokens for r in state.running))
         load_added = float(sum(r.remaining_output_tokens for r in admitted))
@@ -326,6 +384,7 @@ class TokenpaceScheduler(Scheduler):  # type: ignore[misc]
                 num_decode_tokens=sum(1 for n in output.num_scheduled_tokens.values() if n == 1),
                 num_preempted=num_preempted,
                 telemetry=telemetry,
+                planned_tokens=planned_tokens,
             )
         )
 

@@ -25,7 +25,9 @@ class SchedulerStepRecord:
     requests added, ``forced_load`` the part contributed by force-admitted ones.
     ``token_window`` is the policy's window when it has one (TWP), else None.
     ``num_decode_tokens`` counts the scheduled requests computing a single token (decodes);
-    the rest of ``num_scheduled_tokens`` are prefill tokens.
+    the rest of ``num_scheduled_tokens`` are prefill tokens. ``planned_tokens``: the step's
+    token budget set from the plan for a policy whose token counts bind (``step_tokens``),
+    else None.
     """
 
     step_index: int
@@ -47,6 +49,7 @@ class SchedulerStepRecord:
     num_decode_tokens: int
     num_preempted: int
     telemetry: Mapping[str, float]
+    planned_tokens: int | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

@@ -337,6 +337,12 @@ class TwpSloPolicy:
             reserved if self.config.use_kv_reservation else 0.0,
         )  # fmt: skip
 
+    @property
+    def plans_step_tokens(self) -> bool:
+        """Each plan's token counts are binding: the step's prefill is what the budget (or,
+        with it off, the fixed chunk) paid for (``engine.vllm.step_tokens``)."""
+        return True
+
     def telemetry(self) -> Mapping[str, float]:
         return {
             "request_window": self.window.window,
