@@ -67,6 +67,26 @@ def test_headroom_router_sends_work_to_the_emptier_window(profile: EngineProfile
     assert sim.pool.router.route(request(9, 0.5), views) == 1
 
 
+def test_headroom_router_prices_the_prefill_queued_ahead(profile: EngineProfile) -> None:
+    # Two warm twp_slo containers with the same single running request; container 0 also
+    # holds two long prompts in its queue. Both windows have room, so only the prefill
+    # backlog (prompt tokens at the profile's cost) tells them apart.
+    config = PoolConfig(num_containers=2, initial_warm=2, record_steps=False)
+    sim = PoolSimulation("twp_slo", profile, config, np.random.default_rng(0))
+    for cid in (0, 1):
+        sim.containers[cid].submit(request(cid, 0.0, prompt=50, max_tokens=200), 0.0)
+    sim.run(until_s=0.2)
+    for i in (2, 3):
+        sim.containers[0].submit(request(i, 0.2, prompt=3000, max_tokens=20), 0.2)
+    views = sim.pool.views(0.2)
+    rooms = [v.headroom for v in views]
+    assert rooms[0] is not None and rooms[1] is not None
+    assert rooms[0].fraction > 0 and rooms[1].fraction > 0
+    backlog_s = 6000 * profile.prefill_ms_per_token / 1000
+    assert rooms[0].wait_s == pytest.approx(rooms[1].wait_s + backlog_s, rel=0.05)
+    assert sim.pool.router.route(request(9, 0.2), views) == 1
+
+
 def test_token_rate_scales_out_on_demand_before_any_queue(profile: EngineProfile) -> None:
     capacity = TokenCapacity.from_profile(profile, Slo())
     per_request_s = capacity.work_s(50, 20)

@@ -27,6 +27,9 @@ class WindowState:
     count). ``drain_per_s``: units the running batch frees per second at the smoothed ITL
     (0 when nothing runs). ``kv_reserved_blocks``: the running batch's predicted KV
     footprint plus its safety margin at the last plan (blocks; 0 without a reservation).
+    ``prefill_backlog_s``: the prefill compute queued ahead of a new request, i.e. the prompt
+    tokens not yet computed (waiting and running) at the policy's per-token prefill cost
+    (seconds; 0 from a policy that does not price prefill).
     """
 
     unit: str
@@ -35,6 +38,7 @@ class WindowState:
     queued: float
     drain_per_s: float
     kv_reserved_blocks: float
+    prefill_backlog_s: float = 0.0
 
     @property
     def free(self) -> float:
@@ -85,15 +89,18 @@ def request_window_state(
     running: Sequence[Request],
     waiting: WaitingQueue,
     kv_reserved_blocks: float,
+    prefill_ms_per_token: float = 0.0,
 ) -> WindowState:
     """twp_slo's window in requests: a running request leaves after its expected remaining
     output at one token per step of ``itl_ms``, so the batch frees n / (mean remaining x
-    ITL) requests per second."""
+    ITL) requests per second; the prefill backlog is priced at ``prefill_ms_per_token``."""
     drain = 0.0
     if running and itl_ms > 0:
         remaining = float(expected.running_remaining(running).sum())
         drain = len(running) ** 2 / max(remaining, len(running)) / (itl_ms / 1000)
+    backlog_tokens = float(waiting.num_prompt_tokens.sum()) if len(waiting) else 0.0
+    backlog_tokens += sum(r.num_uncomputed_tokens for r in running if r.is_prefilling)
     return WindowState(
         "requests", window_requests, float(len(running)), float(len(waiting)), drain,
-        kv_reserved_blocks,
+        kv_reserved_blocks, backlog_tokens * prefill_ms_per_token / 1000,
     )  # fmt: skip

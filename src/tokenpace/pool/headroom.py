@@ -2,8 +2,10 @@
 
 What the ``headroom`` router compares: the share of the policy's window (and of its KV
 cache) still free once its queue is admitted, and the seconds a new request would wait for
-room: the window's overflow drained at the batch's measured pace, plus the container's
-remaining start-up when it is loading.
+its first chunk: the window's overflow drained at the batch's measured pace, plus the
+prefill compute queued ahead of it (``WindowState.prefill_backlog_s``), plus the
+container's remaining start-up when it is loading. The backlog term matters where prefill
+is the work: a container can have window room and still a queue of long prompts.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ class Headroom:
     """``fraction``: free share of the window after the queue, capped by the free share of
     the KV cache beyond the running batch's reservation (1 = empty, < 0 = the queue
     overflows the window). ``wait_s``: estimated seconds until the window has room for one
-    more request (0 when it has room now); start-up is not included."""
+    more request (0 when it has room now) plus the prefill backlog ahead of it; start-up
+    is not included."""
 
     fraction: float
     wait_s: float
@@ -47,7 +50,7 @@ def headroom_of(loop: StepLoop) -> Headroom | None:
         # next step, the rest waits at least a window's turnover; count it as unbounded
         # relative to any container that drains.
         wait_s = float("inf")
-    return Headroom(fraction, wait_s)
+    return Headroom(fraction, wait_s + state.prefill_backlog_s)
 
 
 def expected_output_of(loops: Sequence[StepLoop], request: Request) -> float | None:

@@ -101,15 +101,16 @@ class ServerlessLlmRouter:
 
 
 class HeadroomRouter:
-    """To the container whose policy has the most window headroom (``pool/headroom.py``):
-    among the containers the autoscaler keeps (warm or loading, not draining), the least
-    estimated wait for room, i.e. remaining start-up plus the window's overflow drained at
-    the batch's pace; ties (every container with room: no wait) go to the largest free
-    share of the window and KV cache, then warm first, lowest id. A loading container thus
-    counts by its start-up wait: it takes work once every warm window is fuller than that
-    wait. A container whose policy keeps no window is ranked as ``least_loaded`` ranks it
-    (start-up plus estimated queue wait, no free share). Cold containers are used only
-    when none is active (the fastest to start wins)."""
+    """To the container whose policy has the most window headroom (``pool/headroom.py``): among
+    the containers the autoscaler keeps (warm or loading, not draining), the least estimated
+    wait for room, i.e. remaining start-up plus the window's overflow drained at the batch's
+    pace plus the prefill compute queued ahead; ties (every container with room and no
+    prefill queued: no wait) go to the largest free share of the window and KV cache, then
+    warm first, lowest id. A loading container thus counts by its start-up wait: it takes
+    work once every warm window is fuller than that wait. A container whose policy keeps no
+    window is ranked as ``least_loaded`` ranks it (start-up plus estimated queue wait, no
+    free share). Cold containers are used only when none is active (the fastest to start
+    wins)."""
 
     name = "headroom"
     migrates = False

@@ -329,12 +329,14 @@ class TwpSloPolicy:
 
     def window_state(self, running: Sequence[Request], waiting: WaitingQueue) -> WindowState:
         """Read-only: the request window W_t (its admission capacity), the running and
-        waiting counts, for the pool's router and autoscaler."""
+        waiting counts and the prefill backlog at the profile's per-token cost, for the
+        pool's router and autoscaler."""
         reserved = self.reservation.reserved_blocks + self.reservation.margin_blocks
         return request_window_state(
             float(self.window.capacity()), self.window.smoothed_itl_ms or self.window.reference_ms,
             self.expected, running, waiting,
             reserved if self.config.use_kv_reservation else 0.0,
+            self._latency.profile.prefill_ms_per_token,
         )  # fmt: skip
 
     @property
