@@ -116,6 +116,7 @@ def test_twp_slo_steps_carry_no_more_prefill_than_its_plan(vllm_llm: Any) -> Non
     bound = [r for r in records if r.planned_tokens is not None]
     assert len(bound) >= len(records) - 1
     for record in bound:
+        assert record.planned_tokens is not None
         assert record.num_scheduled_tokens <= record.planned_tokens, record
     mixed = [
         r for r in bound if r.num_decode_tokens and r.num_scheduled_tokens > r.num_decode_tokens
