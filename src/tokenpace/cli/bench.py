@@ -43,17 +43,18 @@ def resolve_profile(value: str) -> EngineProfile:
 
 def cached_engine_profile(engine: str, cache_dir: Path) -> EngineProfile:
     """``engine``'s fitted profile under ``cache_dir``/profiles, profiled on first use
-    through its serving backend, as the bench loads it: the engine's default sweep with
-    three passes over the decode batch sizes, each size keeping its median pass."""
+    through its serving backend, on the engine config the bench runs (``SETUPS``): the
+    engine's default sweep with three passes over the decode batch sizes, each size keeping
+    its median pass."""
     path = cache_dir / "profiles" / ENGINE_PROFILE_FILES[engine]
     if not path.is_file():
         print(f"profiling the {engine} engine once into {path} (minutes)", file=sys.stderr)
         try:
-            from tokenpace.bench.engine_runner import prepare_process
+            from tokenpace.bench.engine_runner import SETUPS, prepare_process
             from tokenpace.profiling import run_profile
             from tokenpace.profiling.run import default_sweep
 
-            config = bench_engine_config(engine, cache_dir)
+            config = SETUPS[engine].config(None)
         except ImportError as error:
             setup = f"scripts/setup.sh {engine}"
             raise UsageError(f"the {engine} engine needs `{setup}` ({error})") from None
@@ -67,16 +68,6 @@ def cached_engine_profile(engine: str, cache_dir: Path) -> EngineProfile:
             log=lambda message: print(message, file=sys.stderr),
         )
     return resolve_profile(str(path))
-
-
-def bench_engine_config(engine: str, cache_dir: Path) -> object | None:
-    """The engine config a profile is measured with: the native engine's on ``cache_dir``;
-    None (the bench's own) for vLLM."""
-    if engine == "native":
-        from tokenpace.engine.native import NativeEngineConfig
-
-        return NativeEngineConfig(cache_dir=cache_dir)
-    return None
 
 
 def engine_profile(options: BenchOptions) -> EngineProfile:

@@ -16,9 +16,9 @@ put back untouched, with requests preempted during the pass at its front as vLLM
 A chunking policy's chunk C becomes vLLM's ``long_prefill_token_threshold``. A policy that
 budgets prefill per step (``step_tokens.PlansStepTokens``: twp_slo) has its plan's token
 counts binding: for that pass vLLM visits the decoding requests first and not the requests
-the plan gives no tokens, its token budget is
-the plan's total and its per-request cap the plan's largest chunk (``step_tokens``); vLLM's
-running order and limits are restored afterwards. The one visible difference: a request
+the plan gives no tokens, its token budget is the plan's total and its per-request cap the
+plan's largest chunk (``step_tokens``); vLLM's running order and limits are restored
+afterwards. The one visible difference: a request
 vLLM preempts in that pass is the last prefilling one rather than the last admitted.
 
 Liveness: when the policy admits nothing while nothing runs and requests wait, the head of
@@ -314,10 +314,11 @@ class TokenpaceScheduler(Scheduler):  # type: ignore[misc]
         chosen_keys = {id(r) for r in chosen}
         self.waiting = staged
         self._num_withheld = len(withheld) - len(chosen)
-        original_running: list[Any] = list(self.running)
+        original_running: list[Any] = []
         max_tokens = self.max_num_scheduled_tokens
         threshold = self.scheduler_config.long_prefill_token_threshold
         if limits is not None:
+            original_running = list(self.running)
             self.running = [original_running[i] for i in limits.running_order]
             self.max_num_scheduled_tokens = limits.token_budget
             if limits.long_prefill_threshold is not None:
