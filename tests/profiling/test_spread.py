@@ -26,7 +26,7 @@ def test_spread_is_min_and_max_per_fit() -> None:
 
 
 @pytest.mark.native
-def test_one_sweep_is_fitted_both_ways() -> None:
+def test_one_sweep_is_measured_as_the_profile_measures_it_and_fitted_both_ways() -> None:
     config = NativeEngineConfig(model="random:tiny-llama", device="cpu", num_threads=1)
     engine = NativeEngine.load(config, rng=np.random.default_rng(0))
     sweep = SweepConfig(
@@ -36,10 +36,13 @@ def test_one_sweep_is_fitted_both_ways() -> None:
         context_batch_sizes=(1, 2),
         steps_per_point=2,
         warmup_steps=1,
+        decode_rounds=2,
     )
-    fits = sweep_fits(NativeProbe(engine), sweep)
-    assert set(fits) == set(FITS)
-    for fit in fits.values():
+    run = sweep_fits(NativeProbe(engine), sweep)
+    assert [size for size, _ in run.decode_ms] == [1, 2, 4, 8]
+    assert all(ms > 0 for _, ms in run.decode_ms)
+    assert set(run.fits) == set(FITS)
+    for fit in run.fits.values():
         assert fit.l_min_ms > 0
         assert 1 <= fit.b0 <= 8
     assert engine.num_active_slots == 0

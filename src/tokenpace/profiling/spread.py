@@ -3,8 +3,11 @@ loaded native engine (through its timing probe), each repetition fitted by ``fit
 (robust) and ``fit_eq2_discrete`` (the earlier least-squares fit), so both see the same
 measurements.
 
-Each repetition is exactly the decode part of ``run_profile``: decode steps over the batch
-sizes, the context sweep, the per-context attention term removed, then the fits.
+Each repetition is exactly the decode part of ``run_profile`` (``sweep.measure_decode``):
+the warm-up passes, ``--decode-rounds`` interleaved passes over the batch sizes with each
+size's median pass kept (3, as ``tokenpace bench`` profiles a real engine), the context
+sweep, the per-context attention term removed, then the fits. Each run's decode points are
+printed with its fits.
 ``python -m tokenpace.profiling.spread`` prints one JSON object on its last line.
 """
 
@@ -35,21 +38,28 @@ from tokenpace.profiling.fit import (
     without_context,
 )
 from tokenpace.profiling.probe import TimingProbe
-from tokenpace.profiling.sweep import SweepConfig
+from tokenpace.profiling.sweep import SweepConfig, measure_decode
 
 FITS = {"robust": fit_eq2, "discrete": fit_eq2_discrete}
 
 
-def sweep_fits(probe: TimingProbe, sweep: SweepConfig) -> dict[str, Eq2Fit]:
+@dataclass(frozen=True, slots=True)
+class SpreadRun:
+    """One repetition: the decode points it measured (batch size, ms at the sweep's
+    context, the context term included) and their fits."""
+
+    decode_ms: tuple[tuple[int, float], ...]
+    fits: dict[str, Eq2Fit]
+
+
+def sweep_fits(probe: TimingProbe, sweep: SweepConfig) -> SpreadRun:
     """One decode sweep (as ``run_profile`` measures it), fitted every way in ``FITS``."""
-    decode = [probe.decode(sweep, size, sweep.decode_context) for size in sweep.batch_sizes]
-    context = [
-        probe.decode(sweep, size, length)
-        for size in sweep.context_batch_sizes
-        for length in sweep.context_lengths
-    ]
-    points = without_context(decode, fit_decode_attention(context))
-    return {name: fit(points) for name, fit in FITS.items()}
+    measured = measure_decode(probe, sweep)
+    points = without_context(measured.decode, fit_decode_attention(measured.context))
+    return SpreadRun(
+        tuple((p.batch_size, round(p.step_ms, 2)) for p in measured.decode),
+        {name: fit(points) for name, fit in FITS.items()},
+    )
 
 
 def spread(runs: list[dict[str, Eq2Fit]]) -> dict[str, dict[str, list[float]]]:
@@ -76,10 +86,13 @@ class SpreadSettings:
         "auto", "Weights and KV precision (auto as every command).", choices=DTYPE_CHOICES
     )
     num_threads: int = option(2, "Torch CPU threads.")
+    decode_rounds: int = option(
+        3, "Interleaved passes over the batch sizes per run, median kept (as the bench's)."
+    )
     cache_dir: Path | None = option(None, "Converted checkpoint cache directory.")
 
     def __post_init__(self) -> None:
-        require_positive(self, "num_threads")
+        require_positive(self, "num_threads", "decode_rounds")
         if self.runs < 2:
             raise ValueError(f"SpreadSettings.runs must be at least 2, got {self.runs}")
 
@@ -98,17 +111,22 @@ def run(args: SpreadSettings) -> None:
         model=args.model, dtype=args.dtype, num_threads=args.num_threads, cache_dir=args.cache_dir
     )
     engine = NativeEngine.load(config, rng=np.random.default_rng(0))
-    sweep = SweepConfig()
+    sweep = SweepConfig(decode_rounds=args.decode_rounds)
     runs = []
     for index in range(args.runs):
         runs.append(sweep_fits(NativeProbe(engine), sweep))
-        print(f"run {index + 1}: " + ", ".join(f"{n} {asdict(f)}" for n, f in runs[-1].items()))
+        fits = ", ".join(f"{n} {asdict(f)}" for n, f in runs[-1].fits.items())
+        print(f"run {index + 1}: {fits}")
     result: dict[str, Any] = {
         "model": args.model,
         "dtype": args.dtype,
         "threads": args.num_threads,
-        "runs": [{n: asdict(f) for n, f in run.items()} for run in runs],
-        "spread": spread(runs),
+        "decode_rounds": args.decode_rounds,
+        "runs": [
+            {"decode_ms": run.decode_ms, **{n: asdict(f) for n, f in run.fits.items()}}
+            for run in runs
+        ],
+        "spread": spread([run.fits for run in runs]),
     }
     print(json.dumps(result))
 

@@ -99,10 +99,22 @@ class Sweep:
     decode_passes: tuple[DecodePoint, ...] = ()
 
 
-def run_sweep(probe: TimingProbe, config: SweepConfig, log: Log = lambda _m: None) -> Sweep:
-    """Measure every point of ``config`` with ``probe``. Raises ValueError before any step
-    when a point cannot run on the engine (``TimingProbe.check``)."""
-    probe.check(config)
+@dataclass(frozen=True, slots=True)
+class DecodeSweep:
+    """The decode part of a sweep: ``decode`` each batch size's median pass at the sweep's
+    context, ``context`` the context-length points, ``passes`` every pass of every size."""
+
+    decode: tuple[DecodePoint, ...]
+    context: tuple[DecodePoint, ...]
+    passes: tuple[DecodePoint, ...]
+
+
+def measure_decode(
+    probe: TimingProbe, config: SweepConfig, log: Log = lambda _m: None
+) -> DecodeSweep:
+    """The decode points of ``config``, measured as the profile measures them: the warm-up
+    passes (when ``config.warmup_passes``), ``config.decode_rounds`` interleaved passes over
+    the batch sizes with each size's median pass kept, then the context sweep."""
     if config.warmup_passes:
         for size in (min(config.batch_sizes), max(config.batch_sizes)):
             probe.decode(config, size, config.decode_context)
@@ -120,6 +132,15 @@ def run_sweep(probe: TimingProbe, config: SweepConfig, log: Log = lambda _m: Non
         for length in config.context_lengths:
             context.append(probe.decode(config, size, length))
             log(f"decode B={size} ctx={length}: {context[-1].step_ms:.1f} ms")
+    every_pass = tuple(p for size in config.batch_sizes for p in passes[size])
+    return DecodeSweep(decode, tuple(context), every_pass)
+
+
+def run_sweep(probe: TimingProbe, config: SweepConfig, log: Log = lambda _m: None) -> Sweep:
+    """Measure every point of ``config`` with ``probe``. Raises ValueError before any step
+    when a point cannot run on the engine (``TimingProbe.check``)."""
+    probe.check(config)
+    decode = measure_decode(probe, config, log)
     prefill = [probe.prefill(config, chunk, 0) for chunk in config.prefill_chunks]
     prefill += [probe.prefill(config, 64, s) for s in config.prefill_context_starts if s > 0]
     for chunk in prefill:
@@ -130,8 +151,7 @@ def run_sweep(probe: TimingProbe, config: SweepConfig, log: Log = lambda _m: Non
             f"mixed: decode {mixed.decode_ms:.1f} ms, with a {mixed.chunk}-token chunk "
             f"{mixed.mixed_ms:.1f} ms"
         )
-    every_pass = tuple(p for size in config.batch_sizes for p in passes[size])
-    return Sweep(decode, tuple(context), tuple(prefill), mixed, probe.kv, every_pass)
+    return Sweep(decode.decode, decode.context, tuple(prefill), mixed, probe.kv, decode.passes)
 
 
 def measure_read_bandwidth_gb_s(
