@@ -5,7 +5,8 @@ Each batch runs B requests (synthetic prompts of ``--input-len`` tokens, exactly
 policy, so the run is decode-dominated. tokens/s = output tokens / the run's step time.
 The roofline is the weight bytes over the memory read bandwidth measured in the same run;
 ``b1_matmul_ms`` is the model's projections alone at one token (every linear weight once, no
-other op), so ``b1_step_over_matmul`` says how much of the batch-1 step is anything else.
+other op, with the projection kernel the engine chose: ``linear_kernel``), so
+``b1_step_over_matmul`` says how much of the batch-1 step is anything else.
 ``--compare-transformers`` also runs the engine on transformers' model code (the fused
 forward off) on the same loaded model, batch by batch in turn with the default engine, and
 reports the default's tokens/s over it per batch size (``fused_over_transformers``).
@@ -37,6 +38,7 @@ from tokenpace.core.request import Request
 from tokenpace.core.sampling import SamplingParams
 from tokenpace.engine.dtype import PRECISIONS
 from tokenpace.engine.native import NativeEngine, NativeEngineConfig
+from tokenpace.engine.native.linear_kernels import LinearKernel, PackedLinear, UpcastLinear
 from tokenpace.policy.vllm_default import VllmDefaultConfig, VllmDefaultPolicy
 from tokenpace.profiling.sweep import measure_read_bandwidth_gb_s
 from tokenpace.runtime.step_loop import StepLoop
@@ -82,17 +84,22 @@ def run_batches(
     return results
 
 
-def projections_ms(model: torch.nn.Module, repeats: int = 15) -> float:
+def projections_ms(
+    model: torch.nn.Module, kernel: LinearKernel | None = None, repeats: int = 15
+) -> float:
     """Median time (ms) of one product per linear weight of ``model`` at a single token,
-    in its dtype: the matrix-product floor of a batch-1 step."""
+    in its dtype, by ``kernel`` (default torch's product): the matrix-product floor of a
+    batch-1 step."""
+    kernel = kernel if kernel is not None else UpcastLinear(None)
     weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
     inputs = [torch.randn(1, w.shape[1], dtype=w.dtype, device=w.device) for w in weights]
+    prepared = [kernel.prepare(w) for w in weights]
     times = []
     with torch.inference_mode():
         for _ in range(repeats):
             start = time.perf_counter()
-            for x, w in zip(inputs, weights, strict=True):
-                torch.nn.functional.linear(x, w)
+            for x, w in zip(inputs, prepared, strict=True):
+                kernel(x, w)
             if w.device.type == "cuda":
                 torch.cuda.synchronize(w.device)
             times.append(1000 * (time.perf_counter() - start))
@@ -178,7 +185,8 @@ def run(args: Settings) -> None:
     bandwidth = measure_read_bandwidth_gb_s(engine.loaded.device)
     weight_bytes = engine.loaded.weight_bytes
     roofline_ms = weight_bytes / bandwidth / 1e6
-    matmul_ms = projections_ms(engine.loaded.model)
+    kernel = PackedLinear() if engine.linear_kernel == "packed" else UpcastLinear(None)
+    matmul_ms = projections_ms(engine.loaded.model, kernel)
     engines = [engine] if plain is None else [engine, plain]
     run_batches(engines, 2, args.input_len, 8, first_id=1_000_000)  # warm-up
     native: dict[int, dict[str, float]] = {}
@@ -198,6 +206,7 @@ def run(args: Settings) -> None:
             )
     model_dir = engine.loaded.checkpoint_dir
     forward_path, upcast_min_rows = engine.forward_path, engine.upcast_min_rows
+    linear_kernel = engine.linear_kernel
     del engine, plain
     vllm = (
         vllm_throughput(batches, args.input_len, args.output_len, model_dir) if args.vllm else None
@@ -211,6 +220,7 @@ def run(args: Settings) -> None:
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "forward_path": forward_path,
         "upcast_min_rows": upcast_min_rows,
+        "linear_kernel": linear_kernel,
         "prompt_tokens": args.input_len,
         "output_tokens": args.output_len,
         "native_tok_s": {str(b): round(r["tok_s"], 1) for b, r in native.items()},

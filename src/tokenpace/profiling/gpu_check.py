@@ -166,6 +166,7 @@ def gpu_check(config: GpuCheckConfig, out_dir: Path, log: Log) -> dict[str, Any]
         "dtype": config.engine.dtype,
         "forward_path": engine.forward_path,
         "upcast_min_rows": engine.upcast_min_rows,
+        "linear_kernel": engine.linear_kernel,
         "weight_bytes": loaded.weight_bytes,
         "read_bandwidth_gb_s": round(bandwidth, 1),
         "roofline_ms": round(roofline_ms, 3),

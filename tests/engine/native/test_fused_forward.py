@@ -15,8 +15,11 @@ from tokenpace.core.sampling import SamplingParams
 from tokenpace.core.step import ScheduledChunk
 from tokenpace.engine.native import NativeEngine, NativeEngineConfig
 from tokenpace.engine.native.linear_kernels import (
+    PACKING_PROBE_ROWS,
     PROBE_ROWS,
+    PackedLinear,
     UpcastLinear,
+    measure_packing_wins,
     measure_upcast_min_rows,
     upcast_linear,
 )
@@ -115,6 +118,66 @@ def test_measured_crossover_is_the_first_of_a_winning_tail() -> None:
     weight = torch.zeros(8, 8, dtype=torch.bfloat16)
     assert measure_upcast_min_rows(weight, clock) == 8
     assert measure_upcast_min_rows(weight.float(), clock) is None
+
+
+needs_onednn = pytest.mark.skipif(
+    not torch.backends.mkldnn.is_available(),  # type: ignore[no-untyped-call]
+    reason="packed weights need torch built with oneDNN",
+)
+
+
+@needs_onednn
+def test_packed_linear_is_torchs_bfloat16_product_bit_for_bit() -> None:
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(300, 96, generator=generator).to(torch.bfloat16)
+    packed = PackedLinear()
+    prepared = packed.prepare(weight)
+    for rows in (1, 5, 64):
+        x = torch.randn(rows, 96, generator=generator).to(torch.bfloat16)
+        out = packed(x, prepared)
+        assert out.dtype == torch.bfloat16
+        assert torch.equal(out, torch.nn.functional.linear(x, weight))
+
+
+@needs_onednn
+def test_packed_weights_keep_the_greedy_outputs_exactly() -> None:
+    plain = _engine(dtype="bfloat16", upcast_min_tokens=0, pack_weights="off")
+    packed = NativeEngine(
+        plain.loaded,
+        NativeEngineConfig(model=TINY, device="cpu", upcast_min_tokens=0, pack_weights="on"),
+        time.perf_counter,
+        np.random.default_rng(0),
+    )
+    assert (plain.linear_kernel, packed.linear_kernel) == ("plain", "packed")
+    assert _greedy(packed) == _greedy(plain)
+
+
+def test_packing_is_refused_for_float32_and_for_a_bad_setting() -> None:
+    with pytest.raises(ValueError, match="pack_weights='on' needs bfloat16 or float16"):
+        _engine(dtype="float32", pack_weights="on")
+    with pytest.raises(ValueError, match="pack_weights must be auto, on or off"):
+        NativeEngineConfig(model=TINY, pack_weights="always")
+    assert _engine(dtype="float32").linear_kernel == "plain"
+
+
+@needs_onednn
+def test_packing_wins_only_when_faster_at_every_probed_row_count() -> None:
+    """A scripted clock: packed products take ``packed_s`` against 1 s for torch's."""
+
+    def clock(packed_s: list[float]) -> object:
+        times: list[float] = []
+        for seconds in packed_s:
+            for _ in range(3):  # each repeat reads the clock at start, middle and end
+                start = 10.0 * len(times)
+                times += [start, start + 1.0, start + 1.0 + seconds]
+        return iter(times).__next__
+
+    weight = torch.zeros(8, 8, dtype=torch.bfloat16)
+    faster = [0.5] * len(PACKING_PROBE_ROWS)
+    assert measure_packing_wins(weight, clock(faster))  # type: ignore[arg-type]
+    slower_once = [0.5] * (len(PACKING_PROBE_ROWS) - 1) + [2.0]
+    assert not measure_packing_wins(weight, clock(slower_once))  # type: ignore[arg-type]
+    assert not measure_packing_wins(weight.float(), clock(faster))  # type: ignore[arg-type]
 
 
 def test_random_model_has_no_tokenizer_and_refuses_text() -> None:

@@ -53,6 +53,13 @@ class NativeEngineConfig:
         "projections in float32 (weights upcast block by block); -1 measures the crossover "
         "at load, 0 never.",
     )
+    pack_weights: str = option(
+        "auto",
+        "Fused forward on CPU, reduced precision, when float32 products are not used: "
+        "reorder the projection weights once into oneDNN's blocked layout (same results, "
+        "a second copy of those weights). auto measures at load whether it wins; on, off.",
+        choices=("auto", "on", "off"),
+    )
 
     def __post_init__(self) -> None:
         require_positive(
@@ -62,6 +69,11 @@ class NativeEngineConfig:
             raise ValueError(
                 "NativeEngineConfig.upcast_min_tokens must be -1 (measure), 0 (never) or "
                 f"positive, got {self.upcast_min_tokens}"
+            )
+        if self.pack_weights not in ("auto", "on", "off"):
+            raise ValueError(
+                "NativeEngineConfig.pack_weights must be auto, on or off, "
+                f"got {self.pack_weights!r}"
             )
         if self.dtype not in DTYPES:
             raise ValueError(

@@ -19,7 +19,13 @@ from tokenpace.engine.native.attention import LAYOUT_KWARG, PrefillSpan, StepLay
 from tokenpace.engine.native.config import NativeEngineConfig
 from tokenpace.engine.native.fused_forward import FusedForward, unsupported_reason
 from tokenpace.engine.native.kv_cache import KVShape, SlotKVCache
-from tokenpace.engine.native.linear_kernels import UpcastLinear, measure_upcast_min_rows
+from tokenpace.engine.native.linear_kernels import (
+    LinearKernel,
+    PackedLinear,
+    UpcastLinear,
+    measure_packing_wins,
+    measure_upcast_min_rows,
+)
 from tokenpace.engine.native.loading import LoadedModel, load_model
 from tokenpace.engine.native.logprobs import token_logprobs
 from tokenpace.engine.native.sampler import sample
@@ -61,11 +67,12 @@ class NativeEngine(BlockAccountedEngine):
         self._model.set_attn_implementation(attention.register())
         self._fused: FusedForward | None = None
         self.upcast_min_rows: int | None = None
+        self._kernel: LinearKernel | None = None
         if config.fused_forward and unsupported_reason(self._model) is None:
             # The first layer's gate projection: the largest kind of product in a layer.
             probe = self._model.model.layers[0].mlp.gate_proj.weight
-            self.upcast_min_rows = self._choose_upcast(probe)
-            self._fused = FusedForward(self._model, UpcastLinear(self.upcast_min_rows))
+            self._kernel = self._choose_kernel(probe)
+            self._fused = FusedForward(self._model, self._kernel)
         model_config = self._model.config
         head_dim = getattr(model_config, "head_dim", None) or (
             model_config.hidden_size // model_config.num_attention_heads
@@ -91,6 +98,35 @@ class NativeEngine(BlockAccountedEngine):
         """Load ``config.model`` (see ``load_model``) and build the engine on it."""
         loaded = load_model(config, clock)
         return cls(loaded, config, clock, rng if rng is not None else np.random.default_rng(0))
+
+    def _choose_kernel(self, weight: torch.Tensor) -> LinearKernel:
+        """The projections' kernel: float32 products from ``upcast_min_rows`` tokens when
+        that is configured or measured to win, else packed weights when ``pack_weights``
+        says so (``on``) or they are measured to win (``auto``), else torch's product."""
+        self.upcast_min_rows = self._choose_upcast(weight)
+        if self.upcast_min_rows is None and self._choose_packing(weight):
+            return PackedLinear()
+        return UpcastLinear(self.upcast_min_rows)
+
+    def _choose_packing(self, weight: torch.Tensor) -> bool:
+        setting = self.config.pack_weights
+        if setting == "off":
+            return False
+        reduced_on_cpu = self.loaded.device.type == "cpu" and weight.dtype != torch.float32
+        if setting == "on":
+            if not reduced_on_cpu:
+                raise ValueError(
+                    "NativeEngineConfig.pack_weights='on' needs bfloat16 or float16 weights on "
+                    f"the CPU, got {weight.dtype} on {self.loaded.device}"
+                )
+            return True
+        return reduced_on_cpu and measure_packing_wins(weight, self._clock)
+
+    @property
+    def linear_kernel(self) -> str:
+        """The fused forward's projection kernel (``plain``, ``upcast`` or ``packed``), or
+        ``transformers`` when the model's own code runs."""
+        return self._kernel.name if self._kernel is not None else "transformers"
 
     def _choose_upcast(self, weight: torch.Tensor) -> int | None:
         """From how many step tokens projections run in float32 (None: never): the

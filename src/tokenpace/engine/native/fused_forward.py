@@ -4,7 +4,8 @@ transformers' model code spends about as long in Python and small tensor ops per
 in the weight reads that bound a small-batch step. This forward runs the same arithmetic on
 the same weights with the per-layer work cut down: the query, key and value projections are
 one matrix product (their weights concatenated once, the model's own parameters becoming
-views of the result, so no memory is added), so are the gate and up projections; RoPE turns
+views of the result, so no memory is added; a kernel that packs weights, such as
+``linear_kernels.PackedLinear``, holds its own copy), so are the gate and up projections; RoPE turns
 queries and keys together in three elementwise ops; attention is called directly (no
 attention-interface dispatch, no keyword plumbing); the final norm and the LM head run on the
 sampled rows only. Elementwise arithmetic is the model code's, operation for operation; only
@@ -13,17 +14,15 @@ the matrix products are grouped differently.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from tokenpace.engine.native.attention import StepLayout, attend
+from tokenpace.engine.native.linear_kernels import LinearKernel, UpcastLinear
 
 SUPPORTED_MODEL_TYPES = frozenset({"llama"})
-Linear = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def unsupported_reason(model: Any) -> str | None:
@@ -75,19 +74,21 @@ class FusedForward:
     """Logits of a Llama-family model for one flattened step (see the module doc).
 
     Construction fuses the weights in place (the model stays usable by its own code).
-    ``linear(x, weight)`` computes every projection (default ``F.linear``; see
-    ``linear_kernels.UpcastLinear``). Raises ValueError with the reason when
-    ``unsupported_reason(model)`` is not None.
+    ``kernel`` computes every projection (default torch's product; see
+    ``linear_kernels``), on the weights it prepared at construction. Raises ValueError with
+    the reason when ``unsupported_reason(model)`` is not None.
     """
 
-    def __init__(self, model: Any, linear: Linear = F.linear) -> None:
+    def __init__(self, model: Any, kernel: LinearKernel | None = None) -> None:
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"the fused forward cannot run this model: {reason}")
         config = model.config
-        self._linear = linear
+        chosen: LinearKernel = kernel if kernel is not None else UpcastLinear(None)
+        prepare = chosen.prepare
+        self._linear = chosen
         self._inner = model.model
-        self._lm_head = model.lm_head.weight
+        self._lm_head = prepare(model.lm_head.weight)
         self._eps = float(config.rms_norm_eps)
         self._num_heads = int(config.num_attention_heads)
         self._num_kv_heads = int(config.num_key_value_heads)
@@ -99,10 +100,12 @@ class FusedForward:
                 index=i,
                 input_norm=layer.input_layernorm.weight,
                 post_norm=layer.post_attention_layernorm.weight,
-                qkv=_fuse(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj),
-                o=layer.self_attn.o_proj.weight,
-                gate_up=_fuse(layer.mlp.gate_proj, layer.mlp.up_proj),
-                down=layer.mlp.down_proj.weight,
+                qkv=prepare(
+                    _fuse(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj)
+                ),
+                o=prepare(layer.self_attn.o_proj.weight),
+                gate_up=prepare(_fuse(layer.mlp.gate_proj, layer.mlp.up_proj)),
+                down=prepare(layer.mlp.down_proj.weight),
                 act=layer.mlp.act_fn,
                 scale=float(layer.self_attn.scaling),
             )

@@ -7,6 +7,16 @@ computes such products in float32 instead, converting the weight block by block 
 block small enough to stay in cache, so the weight is still read once per step) and
 rounding the result back to the activations' dtype. Whether, and from how many rows on,
 that wins is measured on the machine at hand (``measure_upcast_min_rows``), never assumed.
+
+On a CPU with such instructions, torch's default product takes the weight in its plain
+row-major layout on every call. ``PackedLinear`` instead reorders each weight once, at load,
+into the blocked layout oneDNN's kernels read (``torch.ops.mkldnn``), and computes the same
+product from it: bit-for-bit the same result in bfloat16 and float16, at the cost of a
+second copy of the projection weights. Whether it wins is measured too
+(``measure_packing_wins``).
+
+A kernel (``LinearKernel``) prepares each weight once (``prepare``) and is then called with
+the activations and the prepared weight.
 """
 
 from __future__ import annotations
@@ -14,6 +24,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -23,14 +34,37 @@ Clock = Callable[[], float]
 _BLOCK_BYTES = 1 << 19
 _MIN_BLOCK_ROWS = 64
 PROBE_ROWS = (1, 2, 4, 8, 16, 32, 64)
+PACKING_PROBE_ROWS = (1, 16, 64)
+
+
+class LinearKernel(Protocol):
+    """How the fused forward computes ``x @ weight.T``: ``prepare`` turns each weight, once
+    at load, into what the kernel reads; ``kernel(x, prepared)`` is the product, in
+    ``x``'s dtype. ``name`` says which kernel it is (for reports)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def prepare(self, weight: torch.Tensor, /) -> torch.Tensor: ...
+
+    def __call__(self, x: torch.Tensor, prepared: torch.Tensor, /) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True, slots=True)
 class UpcastLinear:
     """``linear(x, w)``: ``F.linear`` for fewer than ``min_rows`` rows of ``x`` (or always,
-    when ``min_rows`` is None), else the blocked float32 product, in ``x``'s dtype."""
+    when ``min_rows`` is None), else the blocked float32 product, in ``x``'s dtype. Weights
+    are used as they are (``prepare`` is the identity)."""
 
     min_rows: int | None
+
+    @property
+    def name(self) -> str:
+        """``"plain"`` (torch's product) or ``"upcast"``."""
+        return "plain" if self.min_rows is None else "upcast"
+
+    def prepare(self, weight: torch.Tensor) -> torch.Tensor:
+        return weight
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if self.min_rows is None or x.shape[0] < self.min_rows:
@@ -81,3 +115,54 @@ def measure_upcast_min_rows(
             break
         min_rows = rows
     return min_rows
+
+
+@dataclass(frozen=True, slots=True)
+class PackedLinear:
+    """oneDNN's product on weights reordered once into its blocked layout (see the module
+    doc). ``prepare`` needs a CPU tensor and a torch built with oneDNN; it raises
+    RuntimeError where the weight's dtype has no oneDNN kernel."""
+
+    @property
+    def name(self) -> str:
+        return "packed"
+
+    def prepare(self, weight: torch.Tensor) -> torch.Tensor:
+        packed: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous())
+        return packed
+
+    def __call__(self, x: torch.Tensor, prepared: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
+            x.contiguous(), prepared, None, "none", [], ""
+        )
+        return out
+
+
+def measure_packing_wins(
+    weight: torch.Tensor, clock: Clock = time.perf_counter, repeats: int = 3
+) -> bool:
+    """Whether ``PackedLinear`` beats ``F.linear`` on ``weight`` at every probed row count
+    (``PACKING_PROBE_ROWS``), each side's time its best of ``repeats`` interleaved runs.
+    False for float32 weights (torch's float32 product is the token-exact reference; a
+    packed one sums in another order) and where oneDNN has no kernel for the weight."""
+    if weight.dtype == torch.float32 or weight.device.type != "cpu":
+        return False
+    packed = PackedLinear()
+    try:
+        prepared = packed.prepare(weight)
+    except RuntimeError:
+        return False
+    with torch.inference_mode():
+        for rows in PACKING_PROBE_ROWS:
+            x = torch.randn(rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
+            best_plain = best_packed = float("inf")
+            for _ in range(repeats):
+                start = clock()
+                F.linear(x, weight)
+                middle = clock()
+                packed(x, prepared)
+                best_plain = min(best_plain, middle - start)
+                best_packed = min(best_packed, clock() - middle)
+            if not best_packed < best_plain:
+                return False
+    return True
