@@ -77,7 +77,7 @@ class ReferenceTwp(TwpPolicy):
         remaining = self.expected.running_remaining(state.running)
         load = float(remaining.sum())
         sizes = np.array([r.num_tokens for r in state.running], dtype=np.float64)
-        reservation = self._begin_reservation(sizes + remaining, state)
+        reservation = self._begin_reservation(sizes, remaining, state)
         outcome = GateOutcome(token_load=load, num_free_blocks=state.num_free_blocks)
         forced_ids: list[int] = []
         waiting = state.waiting

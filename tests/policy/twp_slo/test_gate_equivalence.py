@@ -98,8 +98,8 @@ class ReferenceTwpSlo(TwpSloPolicy):
                 scheduled[r.request_id] = tokens
                 chunks.append((tokens, r.num_computed_tokens))
         sizes = np.array([r.num_tokens for r in state.running], dtype=np.float64)
-        final = sizes + self.expected.running_remaining(state.running)
-        reservation = self._begin_reservation(final, state)
+        remaining = self.expected.running_remaining(state.running)
+        reservation = self._begin_reservation(sizes, remaining, state)
         admitted: list[Request] = []
         forced: list[int] = []
         free = state.num_free_blocks

@@ -1,11 +1,15 @@
 """KV-aware admission against the batch's predicted footprint, so that KV pressure is met by
 waiting, not by preempting and recomputing.
 
-Every running request will hold, when it finishes, prompt + output tokens. With the output
-length estimated (``tokenpace.policy.output_length``), the batch's predicted peak is the sum
-of those footprints in blocks (a bound: requests that finish early free their blocks for the
-rest). A candidate is admitted only if the predicted peak with it, plus a safety margin,
-fits in the KV cache. The margin covers the estimate's error: with e the spread of a
+Every running request holds its prompt and output so far, grows by one token a step until
+it has produced its expected remaining output (``tokenpace.policy.output_length``), then
+frees everything. The batch's predicted peak is therefore not the sum of the final sizes:
+with the requests ordered by expected remaining output r_1 <= ... <= r_n, the ones still
+running just before the k-th finishes hold sum_{j >= k} (current_j + r_k) tokens, and the
+peak is the largest of these n sums (each request also counted with one partly filled
+block). A candidate is admitted only if that peak plus the candidate's own predicted final
+size (an upper bound on what it adds to any later instant), plus a safety margin, fits in
+the KV cache. The margin covers the estimate's error: with e the spread of a
 finished request's output beyond its prediction (``ErrorStats.spread``), for n requests with
 independent errors ``sigmas`` x e x sqrt(n) tokens. While the batch's true lengths stay
 within the margin, no running request is ever preempted. Forced (starving) admissions wait
@@ -23,9 +27,9 @@ import numpy.typing as npt
 class KvReservation:
     """The predicted KV footprint (blocks) of the running batch plus this step's admissions.
 
-    ``begin`` starts a step from the running requests' predicted final sizes (tokens);
-    ``admits(blocks)`` says whether a candidate of that predicted size still fits; ``add``
-    counts an admitted one.
+    ``begin`` starts a step from the running requests' current sizes and expected remaining
+    outputs (tokens); ``admits(blocks)`` says whether a candidate of that predicted final
+    size still fits; ``add`` counts an admitted one.
     """
 
     def __init__(self, sigmas: float) -> None:
@@ -39,15 +43,17 @@ class KvReservation:
 
     def begin(
         self,
-        final_tokens: npt.NDArray[np.float64],
+        current_tokens: npt.NDArray[np.float64],
+        remaining_tokens: npt.NDArray[np.float64],
         error_tokens: float,
         num_total_blocks: int,
         block_size: int,
     ) -> None:
-        """``final_tokens``: each running request's predicted prompt + output (tokens);
-        ``error_tokens``: the spread of one request's output beyond its prediction."""
-        self.reserved_blocks = int(np.ceil(final_tokens / block_size).sum())
-        self._num_requests = len(final_tokens)
+        """``current_tokens``: each running request's prompt + output so far;
+        ``remaining_tokens``: its expected remaining output; ``error_tokens``: the spread of
+        one request's output beyond its prediction."""
+        self.reserved_blocks = peak_blocks(current_tokens, remaining_tokens, block_size)
+        self._num_requests = len(current_tokens)
         self._total_blocks = num_total_blocks
         self._block_size = block_size
         self._error_tokens = error_tokens
@@ -69,3 +75,21 @@ class KvReservation:
 
     def _margin(self, num_requests: int) -> float:
         return self.sigmas * self._error_tokens * math.sqrt(num_requests) / self._block_size
+
+
+def peak_blocks(
+    current_tokens: npt.NDArray[np.float64],
+    remaining_tokens: npt.NDArray[np.float64],
+    block_size: int,
+) -> int:
+    """The most blocks requests of these current sizes will hold at once while each grows
+    by its remaining tokens and then frees its blocks (see the module doc); 0 for none."""
+    if not len(current_tokens):
+        return 0
+    order = np.argsort(remaining_tokens, kind="stable")
+    remaining = np.asarray(remaining_tokens, dtype=np.float64)[order]
+    current = np.asarray(current_tokens, dtype=np.float64)[order]
+    still_running = np.arange(len(current), 0, -1)
+    held_before = np.cumsum(current[::-1])[::-1]
+    peak_tokens = held_before + still_running * remaining
+    return math.ceil(float(np.max(peak_tokens / block_size + still_running)))

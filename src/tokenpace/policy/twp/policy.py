@@ -89,7 +89,8 @@ class TwpPolicy:
         prompt_col, output_col = columns.prompts, columns.produced
         remaining = self.expected.remaining_for(prompt_col, output_col, columns.caps)
         token_load = float(remaining.sum())
-        reservation = self._begin_reservation(prompt_col + output_col + remaining, state)
+        current = (prompt_col + output_col).astype(np.float64)
+        reservation = self._begin_reservation(current, remaining, state)
         outcome = GateOutcome(token_load=token_load, num_free_blocks=state.num_free_blocks)
         forced_ids: list[int] = []
         waiting = state.waiting
@@ -137,15 +138,19 @@ class TwpPolicy:
         )
 
     def _begin_reservation(
-        self, final_tokens: npt.NDArray[np.float64], state: StepState
+        self,
+        current_tokens: npt.NDArray[np.float64],
+        remaining_tokens: npt.NDArray[np.float64],
+        state: StepState,
     ) -> KvReservation | None:
-        """The KV reservation for this step from the running requests' predicted final
-        sizes (tokens); None when switched off."""
+        """The KV reservation for this step from the running requests' current sizes and
+        expected remaining outputs (tokens); None when switched off."""
         if not self.config.use_kv_reservation:
             return None
         self.reservation.begin(
-            final_tokens, self.expected.error_tokens, state.num_total_blocks, state.block_size
-        )
+            current_tokens, remaining_tokens, self.expected.error_tokens,
+            state.num_total_blocks, state.block_size,
+        )  # fmt: skip
         return self.reservation
 
     def use_profile(self, profile: EngineProfile) -> None:

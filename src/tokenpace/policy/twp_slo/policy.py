@@ -106,7 +106,8 @@ class TwpSloPolicy:
                 scheduled[r.request_id] = tokens
                 prefill_ms += budget.cost_ms(tokens, r.num_computed_tokens)
         remaining = self.expected.remaining_for(columns.prompts, columns.produced, columns.caps)
-        reservation = self._begin_reservation(columns.prompts + columns.produced + remaining, state)
+        current = (columns.prompts + columns.produced).astype(np.float64)
+        reservation = self._begin_reservation(current, remaining, state)
 
         admitted: list[Request] = []
         forced: list[int] = []
@@ -226,15 +227,20 @@ class TwpSloPolicy:
         return not self.config.use_prefill_budget or self.budget.affordable(1, 0) > 0
 
     def _begin_reservation(
-        self, final_tokens: npt.NDArray[np.float64], state: StepState
+        self,
+        current_tokens: npt.NDArray[np.float64],
+        remaining_tokens: npt.NDArray[np.float64],
+        state: StepState,
     ) -> KvReservation | None:
-        """This step's KV reservation from the running requests' predicted final sizes
-        (tokens); None when switched off (the d_kv guard decides instead)."""
+        """This step's KV reservation from the running requests' current sizes and expected
+        remaining outputs (tokens); None when switched off (the d_kv guard decides
+        instead)."""
         if not self.config.use_kv_reservation:
             return None
         self.reservation.begin(
-            final_tokens, self.expected.error_tokens, state.num_total_blocks, state.block_size
-        )
+            current_tokens, remaining_tokens, self.expected.error_tokens,
+            state.num_total_blocks, state.block_size,
+        )  # fmt: skip
         return self.reservation
 
     def _footprint(self, request: Request, state: StepState) -> int:
