@@ -29,13 +29,18 @@ class KvReservation:
 
     ``begin`` starts a step from the running requests' current sizes and expected remaining
     outputs (tokens); ``admits(blocks)`` says whether a candidate of that predicted final
-    size still fits; ``add`` counts an admitted one.
+    size still fits; ``add`` counts an admitted one. The batch's peak is computed when first
+    needed in a step (an admission test or ``reserved_blocks``), so a step whose gate is
+    closed for other reasons does not pay for it.
     """
 
     def __init__(self, sigmas: float) -> None:
         self.sigmas = sigmas
-        self.reserved_blocks = 0
         self.margin_blocks = 0.0
+        self._peak: int | None = 0
+        self._current: npt.NDArray[np.float64] = np.zeros(0)
+        self._remaining: npt.NDArray[np.float64] = np.zeros(0)
+        self._added_blocks = 0
         self._num_requests = 0
         self._total_blocks = 0
         self._block_size = 1
@@ -52,12 +57,21 @@ class KvReservation:
         """``current_tokens``: each running request's prompt + output so far;
         ``remaining_tokens``: its expected remaining output; ``error_tokens``: the spread of
         one request's output beyond its prediction."""
-        self.reserved_blocks = peak_blocks(current_tokens, remaining_tokens, block_size)
+        self._current, self._remaining = current_tokens, remaining_tokens
+        self._peak = None
+        self._added_blocks = 0
         self._num_requests = len(current_tokens)
         self._total_blocks = num_total_blocks
         self._block_size = block_size
         self._error_tokens = error_tokens
         self.margin_blocks = self._margin(self._num_requests)
+
+    @property
+    def reserved_blocks(self) -> int:
+        """The running batch's predicted peak plus this step's admissions (blocks)."""
+        if self._peak is None:
+            self._peak = peak_blocks(self._current, self._remaining, self._block_size)
+        return self._peak + self._added_blocks
 
     def blocks(self, final_tokens: float) -> int:
         return math.ceil(final_tokens / self._block_size)
@@ -69,7 +83,7 @@ class KvReservation:
         return self.reserved_blocks + blocks + margin <= self._total_blocks
 
     def add(self, blocks: int) -> None:
-        self.reserved_blocks += blocks
+        self._added_blocks += blocks
         self._num_requests += 1
         self.margin_blocks = self._margin(self._num_requests)
 
