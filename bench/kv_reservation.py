@@ -18,16 +18,14 @@ Prints one JSON object on its last line.
 from __future__ import annotations
 
 import json
-import math
 import sys
 from dataclasses import dataclass, replace
-from typing import Any
 
 from tokenpace.bench.matrix import MatrixConfig, run_matrix
 from tokenpace.cli.command import run_command
 from tokenpace.core.config import option, require_positive
 from tokenpace.engine.profile import load_profile
-from tokenpace.metrics.aggregate import summarize
+from tokenpace.metrics.aggregate import metric_rows, summarize
 from tokenpace.metrics.qoe import QoeConfig
 from tokenpace.metrics.slo import Slo
 from tokenpace.workload.lengths import LengthMixture
@@ -73,16 +71,6 @@ def part(args: Settings) -> MatrixConfig:
     )  # fmt: skip
 
 
-def row(entry: dict[str, Any]) -> dict[str, dict[str, float]]:
-    out = {}
-    for name, path in METRICS:
-        stat: Any = entry
-        for key in path:
-            stat = stat.get(key, {}) if isinstance(stat, dict) else {}
-        out[name] = {"mean": stat.get("mean", math.nan), "ci95": stat.get("ci95", math.nan)}
-    return out
-
-
 def main() -> None:
     run_command(Settings, run, sys.argv[1:], prog="bench/kv_reservation.py", description=__doc__)
 
@@ -90,7 +78,7 @@ def main() -> None:
 def run(args: Settings) -> None:
     """Run every scheduler on the KV-bound workload; print the JSON line."""
     results = run_matrix([part(args)], workers=args.workers)
-    rows = {e["scheduler"]: row(e) for e in summarize([r.run for r in results])}
+    rows = {e["scheduler"]: metric_rows(e, METRICS) for e in summarize([r.run for r in results])}
     for name, metrics in rows.items():
         cells = "  ".join(f"{k}={v['mean']:.2f}±{v['ci95']:.2f}" for k, v in metrics.items())
         print(f"{name:26s} {cells}", file=sys.stderr)

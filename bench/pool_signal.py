@@ -16,7 +16,6 @@ Example: ``python bench/pool_signal.py --seeds 10 --trace data/AzureLLMInference
 from __future__ import annotations
 
 import json
-import math
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -29,7 +28,7 @@ from tokenpace.cli.command import run_command
 from tokenpace.core.cache import default_cache_dir
 from tokenpace.core.config import option, require_positive
 from tokenpace.engine.profile import load_profile
-from tokenpace.metrics.aggregate import summarize
+from tokenpace.metrics.aggregate import metric_rows, summarize
 from tokenpace.metrics.slo import Slo
 from tokenpace.pool.config import PoolConfig
 from tokenpace.pool.simulate import NO_POOL_SIGNAL
@@ -81,16 +80,6 @@ def parts(args: Settings, options: PlanOptions) -> list[MatrixConfig]:
     return chosen
 
 
-def row(entry: dict[str, Any]) -> dict[str, dict[str, float]]:
-    out = {}
-    for name, path in METRICS:
-        stat: Any = entry
-        for key in path:
-            stat = stat.get(key, {}) if isinstance(stat, dict) else {}
-        out[name] = {"mean": stat.get("mean", math.nan), "ci95": stat.get("ci95", math.nan)}
-    return out
-
-
 def main() -> None:
     run_command(Settings, run, sys.argv[1:], prog="bench/pool_signal.py", description=__doc__)
 
@@ -109,7 +98,9 @@ def run(args: Settings) -> None:
     summary = summarize([r.run for r in results])
     report: dict[str, Any] = {"seeds": args.seeds, "workloads": {}}
     for workload in dict.fromkeys(e["workload"] for e in summary):
-        rows = {e["scheduler"]: row(e) for e in summary if e["workload"] == workload}
+        rows = {
+            e["scheduler"]: metric_rows(e, METRICS) for e in summary if e["workload"] == workload
+        }
         best_cs = min(BASELINES, key=lambda n: rows[n]["container_seconds"]["mean"])
         best_good = max(BASELINES, key=lambda n: rows[n]["goodput_rps"]["mean"])
         print(f"\n{workload}", file=sys.stderr)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tokenpace.core.request import Request, RequestStatus
-from tokenpace.metrics.aggregate import mean_ci, summarize
+from tokenpace.metrics.aggregate import mean_ci, metric_rows, summarize
 from tokenpace.metrics.request_metrics import latencies
 from tokenpace.metrics.run_metrics import RunKey, distribution, summarize_run
 from tokenpace.metrics.slo import Slo
@@ -60,3 +60,14 @@ def test_summarize_groups_by_scheduler_and_workload() -> None:
     (entry,) = summarize([base, other])
     assert entry["n_seeds"] == 2
     assert entry["throughput_rps"]["mean"] == pytest.approx(base["throughput_rps"] * 2)
+
+
+def test_metric_rows_read_means_and_intervals_by_path() -> None:
+    entry = {
+        "goodput_rps": {"mean": 2.0, "ci95": 0.5},
+        "itl_ms": {"p99": {"mean": 90.0, "ci95": 3.0}},
+    }
+    rows = metric_rows(entry, (("goodput", ("goodput_rps",)), ("itl_p99", ("itl_ms", "p99"))))
+    assert rows == {"goodput": {"mean": 2.0, "ci95": 0.5}, "itl_p99": {"mean": 90.0, "ci95": 3.0}}
+    missing = metric_rows(entry, (("cold", ("num_cold_starts",)),))["cold"]
+    assert math.isnan(missing["mean"]) and math.isnan(missing["ci95"])

@@ -72,3 +72,18 @@ def summarize(runs: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 entry[name] = mean_ci([float(m[name]) for m in members])
         summary.append(entry)
     return summary
+
+
+def metric_rows(
+    entry: Mapping[str, Any], metrics: Sequence[tuple[str, Sequence[str]]]
+) -> dict[str, dict[str, float]]:
+    """From one ``summarize`` entry, ``{name: {"mean", "ci95"}}`` for each (name, key path)
+    of ``metrics`` (a path such as ("itl_ms", "p99") reads a distribution's statistic); NaN
+    where the entry lacks the path."""
+    out = {}
+    for name, path in metrics:
+        stat: Any = entry
+        for key in path:
+            stat = stat.get(key, {}) if isinstance(stat, Mapping) else {}
+        out[name] = {"mean": stat.get("mean", math.nan), "ci95": stat.get("ci95", math.nan)}
+    return out

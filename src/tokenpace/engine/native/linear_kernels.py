@@ -96,19 +96,10 @@ def measure_upcast_min_rows(
     a busy machine slows both alike. float32 weights need no upcast (None)."""
     if weight.dtype == torch.float32:
         return None
-    wins: list[bool] = []
-    with torch.inference_mode():
-        for rows in PROBE_ROWS:
-            x = torch.randn(rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
-            best_native = best_upcast = float("inf")
-            for _ in range(repeats):
-                start = clock()
-                F.linear(x, weight)
-                middle = clock()
-                upcast_linear(x, weight)
-                best_native = min(best_native, middle - start)
-                best_upcast = min(best_upcast, clock() - middle)
-            wins.append(best_upcast < best_native)
+    wins = [
+        _faster_than_torch(weight, rows, lambda x: upcast_linear(x, weight), clock, repeats)
+        for rows in PROBE_ROWS
+    ]
     min_rows = None
     for rows, win in zip(reversed(PROBE_ROWS), reversed(wins), strict=True):
         if not win:
@@ -152,17 +143,30 @@ def measure_packing_wins(
         prepared = packed.prepare(weight)
     except RuntimeError:
         return False
+    return all(
+        _faster_than_torch(weight, rows, lambda x: packed(x, prepared), clock, repeats)
+        for rows in PACKING_PROBE_ROWS
+    )
+
+
+def _faster_than_torch(
+    weight: torch.Tensor,
+    rows: int,
+    product: Callable[[torch.Tensor], torch.Tensor],
+    clock: Clock,
+    repeats: int,
+) -> bool:
+    """Whether ``product(x)`` beats ``F.linear(x, weight)`` for ``rows`` random rows, each
+    side's time its best of ``repeats`` runs, the two interleaved (the clock is read at the
+    start, between the two and at the end of each repeat)."""
     with torch.inference_mode():
-        for rows in PACKING_PROBE_ROWS:
-            x = torch.randn(rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
-            best_plain = best_packed = float("inf")
-            for _ in range(repeats):
-                start = clock()
-                F.linear(x, weight)
-                middle = clock()
-                packed(x, prepared)
-                best_plain = min(best_plain, middle - start)
-                best_packed = min(best_packed, clock() - middle)
-            if not best_packed < best_plain:
-                return False
-    return True
+        x = torch.randn(rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
+        best_torch = best_other = float("inf")
+        for _ in range(repeats):
+            start = clock()
+            F.linear(x, weight)
+            middle = clock()
+            product(x)
+            best_torch = min(best_torch, middle - start)
+            best_other = min(best_other, clock() - middle)
+    return best_other < best_torch
