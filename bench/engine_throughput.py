@@ -41,7 +41,7 @@ from tokenpace.core.request import Request
 from tokenpace.core.sampling import SamplingParams
 from tokenpace.engine.dtype import PRECISIONS
 from tokenpace.engine.native import NativeEngine, NativeEngineConfig
-from tokenpace.engine.native.linear_kernels import LinearKernel, PackedLinear, UpcastLinear
+from tokenpace.engine.native.linear_kernels import LinearKernel, UpcastLinear
 from tokenpace.policy.vllm_default import VllmDefaultConfig, VllmDefaultPolicy
 from tokenpace.profiling.sweep import measure_read_bandwidth_gb_s
 from tokenpace.runtime.step_loop import StepLoop
@@ -167,6 +167,14 @@ class Settings:
             raise ValueError(f"Settings.batches must be > 0, got {self.batches}")
 
 
+def _tok_s_ratios(
+    native: dict[int, dict[str, float]], other: dict[int, dict[str, float]]
+) -> dict[str, float] | None:
+    """The default engine's tokens/s over ``other``'s per batch size (None when ``other``
+    was not run)."""
+    return {str(b): round(native[b]["tok_s"] / r["tok_s"], 2) for b, r in other.items()} or None
+
+
 def main() -> None:
     run_command(Settings, run, sys.argv[1:], prog="bench/engine_throughput.py", description=__doc__)
 
@@ -190,8 +198,7 @@ def run(args: Settings) -> None:
     bandwidth = measure_read_bandwidth_gb_s(engine.loaded.device)
     weight_bytes = engine.loaded.weight_bytes
     roofline_ms = weight_bytes / bandwidth / 1e6
-    kernel = PackedLinear() if engine.linear_kernel == "packed" else UpcastLinear(None)
-    matmul_ms = projections_ms(engine.loaded.model, kernel)
+    matmul_ms = projections_ms(engine.loaded.model, engine.projection_kernel)
     engines = [engine, *others.values()]
     run_batches(engines, 2, args.input_len, 8, first_id=1_000_000)  # warm-up
     native: dict[int, dict[str, float]] = {}
@@ -243,14 +250,8 @@ def run(args: Settings) -> None:
         "b1_step_over_matmul": round(step_b1 / matmul_ms, 2) if step_b1 else None,
         "transformers_tok_s": {str(b): round(r["tok_s"], 1) for b, r in transformers.items()}
         or None,
-        "fused_over_transformers": {
-            str(b): round(native[b]["tok_s"] / r["tok_s"], 2) for b, r in transformers.items()
-        }
-        or None,
-        "packed_over_unpacked": {
-            str(b): round(native[b]["tok_s"] / r["tok_s"], 2) for b, r in unpacked.items()
-        }
-        or None,
+        "fused_over_transformers": _tok_s_ratios(native, transformers),
+        "packed_over_unpacked": _tok_s_ratios(native, unpacked),
         "vllm_tok_s": vllm,
         "native_over_vllm": (
             {str(b): round(native[b]["tok_s"] / float(vllm[b]), 2) for b in native if b in vllm}

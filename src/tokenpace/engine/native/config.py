@@ -11,6 +11,8 @@ from tokenpace.engine.dtype import DTYPE_CHOICES
 
 EMBEDDED_MODEL = "smollm2"
 DTYPES = DTYPE_CHOICES
+# ``pack_weights``: measured at load, always, never.
+PACK_WEIGHTS = ("auto", "on", "off")
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +60,7 @@ class NativeEngineConfig:
         "Fused forward on CPU, reduced precision, when float32 products are not used: "
         "reorder the projection weights once into oneDNN's blocked layout (same results, "
         "a second copy of those weights). auto measures at load whether it wins; on, off.",
-        choices=("auto", "on", "off"),
+        choices=PACK_WEIGHTS,
     )
 
     def __post_init__(self) -> None:
@@ -70,7 +72,7 @@ class NativeEngineConfig:
                 "NativeEngineConfig.upcast_min_tokens must be -1 (measure), 0 (never) or "
                 f"positive, got {self.upcast_min_tokens}"
             )
-        if self.pack_weights not in ("auto", "on", "off"):
+        if self.pack_weights not in PACK_WEIGHTS:
             raise ValueError(
                 "NativeEngineConfig.pack_weights must be auto, on or off, "
                 f"got {self.pack_weights!r}"

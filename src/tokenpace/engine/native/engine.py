@@ -123,8 +123,13 @@ class NativeEngine(BlockAccountedEngine):
         return reduced_on_cpu and measure_packing_wins(weight, self._clock)
 
     @property
+    def projection_kernel(self) -> LinearKernel | None:
+        """The fused forward's projection kernel; None when the model's own code runs."""
+        return self._kernel
+
+    @property
     def linear_kernel(self) -> str:
-        """The fused forward's projection kernel (``plain``, ``upcast`` or ``packed``), or
+        """The projection kernel's name (``plain``, ``upcast`` or ``packed``), or
         ``transformers`` when the model's own code runs."""
         return self._kernel.name if self._kernel is not None else "transformers"
 
