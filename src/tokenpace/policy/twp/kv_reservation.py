@@ -23,6 +23,9 @@ import math
 import numpy as np
 import numpy.typing as npt
 
+# Per-request token counts: integer columns from the step loop, or floats.
+TokenCounts = npt.NDArray[np.int64] | npt.NDArray[np.float64]
+
 
 class KvReservation:
     """The predicted KV footprint (blocks) of the running batch plus this step's admissions.
@@ -38,8 +41,8 @@ class KvReservation:
         self.sigmas = sigmas
         self.margin_blocks = 0.0
         self._peak: int | None = 0
-        self._current: npt.NDArray[np.float64] = np.zeros(0)
-        self._remaining: npt.NDArray[np.float64] = np.zeros(0)
+        self._current: TokenCounts = np.zeros(0)
+        self._remaining: TokenCounts = np.zeros(0)
         self._added_blocks = 0
         self._num_requests = 0
         self._total_blocks = 0
@@ -48,8 +51,8 @@ class KvReservation:
 
     def begin(
         self,
-        current_tokens: npt.NDArray[np.float64],
-        remaining_tokens: npt.NDArray[np.float64],
+        current_tokens: TokenCounts,
+        remaining_tokens: TokenCounts,
         error_tokens: float,
         num_total_blocks: int,
         block_size: int,
@@ -91,11 +94,7 @@ class KvReservation:
         return self.sigmas * self._error_tokens * math.sqrt(num_requests) / self._block_size
 
 
-def peak_blocks(
-    current_tokens: npt.NDArray[np.float64],
-    remaining_tokens: npt.NDArray[np.float64],
-    block_size: int,
-) -> int:
+def peak_blocks(current_tokens: TokenCounts, remaining_tokens: TokenCounts, block_size: int) -> int:
     """The most blocks requests of these current sizes will hold at once while each grows
     by its remaining tokens and then frees its blocks (see the module doc); 0 for none."""
     if not len(current_tokens):

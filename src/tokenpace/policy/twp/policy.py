@@ -6,9 +6,6 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-import numpy as np
-import numpy.typing as npt
-
 from tokenpace.core.queue import WaitingQueue
 from tokenpace.core.request import Request
 from tokenpace.core.running import RunningColumns
@@ -21,7 +18,7 @@ from tokenpace.policy.twp.config import TwpConfig
 from tokenpace.policy.twp.expected import ExpectedOutput
 from tokenpace.policy.twp.gate import GateOutcome, may_admit_any, run_gate
 from tokenpace.policy.twp.kv_guard import KvHeadroomGuard
-from tokenpace.policy.twp.kv_reservation import KvReservation
+from tokenpace.policy.twp.kv_reservation import KvReservation, TokenCounts
 from tokenpace.policy.twp.ranking import ranked, starving_positions
 from tokenpace.policy.twp.window import WindowController
 from tokenpace.policy.window_state import WindowState, token_window_state
@@ -89,8 +86,7 @@ class TwpPolicy:
         prompt_col, output_col = columns.prompts, columns.produced
         remaining = self.expected.remaining_for(prompt_col, output_col, columns.caps)
         token_load = float(remaining.sum())
-        current = (prompt_col + output_col).astype(np.float64)
-        reservation = self._begin_reservation(current, remaining, state)
+        reservation = self._begin_reservation(prompt_col + output_col, remaining, state)
         outcome = GateOutcome(token_load=token_load, num_free_blocks=state.num_free_blocks)
         forced_ids: list[int] = []
         waiting = state.waiting
@@ -139,8 +135,8 @@ class TwpPolicy:
 
     def _begin_reservation(
         self,
-        current_tokens: npt.NDArray[np.float64],
-        remaining_tokens: npt.NDArray[np.float64],
+        current_tokens: TokenCounts,
+        remaining_tokens: TokenCounts,
         state: StepState,
     ) -> KvReservation | None:
         """The KV reservation for this step from the running requests' current sizes and

@@ -20,7 +20,7 @@ from tokenpace.metrics.slo import Slo
 from tokenpace.policy.base import POLICIES, Policy
 from tokenpace.policy.twp.expected import ExpectedOutput
 from tokenpace.policy.twp.kv_guard import KvHeadroomGuard
-from tokenpace.policy.twp.kv_reservation import KvReservation
+from tokenpace.policy.twp.kv_reservation import KvReservation, TokenCounts
 from tokenpace.policy.twp.ranking import ranked, starving_positions
 from tokenpace.policy.twp_slo.config import TwpSloConfig
 from tokenpace.policy.twp_slo.deadline import deadline_order
@@ -106,8 +106,7 @@ class TwpSloPolicy:
                 scheduled[r.request_id] = tokens
                 prefill_ms += budget.cost_ms(tokens, r.num_computed_tokens)
         remaining = self.expected.remaining_for(columns.prompts, columns.produced, columns.caps)
-        current = (columns.prompts + columns.produced).astype(np.float64)
-        reservation = self._begin_reservation(current, remaining, state)
+        reservation = self._begin_reservation(columns.prompts + columns.produced, remaining, state)
 
         admitted: list[Request] = []
         forced: list[int] = []
@@ -228,8 +227,8 @@ class TwpSloPolicy:
 
     def _begin_reservation(
         self,
-        current_tokens: npt.NDArray[np.float64],
-        remaining_tokens: npt.NDArray[np.float64],
+        current_tokens: TokenCounts,
+        remaining_tokens: TokenCounts,
         state: StepState,
     ) -> KvReservation | None:
         """This step's KV reservation from the running requests' current sizes and expected
