@@ -34,12 +34,13 @@ import numpy as np
 from tokenpace.cli.command import run_command
 from tokenpace.core.config import option, require_positive
 from tokenpace.core.queue import WaitingQueue
-from tokenpace.core.request import Request, RequestStatus
+from tokenpace.core.request import FinishReason, Request, RequestStatus
 from tokenpace.core.running import RunningBatch, RunningColumns
 from tokenpace.core.step import StepState
-from tokenpace.engine.profile import load_profile, shipped_profiles
+from tokenpace.engine.profile import EngineProfile, load_profile, shipped_profiles
 from tokenpace.metrics.slo import Slo
 from tokenpace.policy.base import Policy, build_policy
+from tokenpace.policy.twp_slo.policy import TwpSloPolicy
 
 POLICY_NAMES = ("twp", "twp_slo")
 
@@ -143,6 +144,9 @@ def run(args: Settings) -> None:
     columns_p50, columns_p99 = (float(np.percentile(columns_cpu, q)) * 1e6 for q in (50, 99))
     print(f"step loop running columns ({args.running}) cpu p50 {columns_p50:6.0f} us "
           f"p99 {columns_p99:6.0f} us")  # fmt: skip
+    forecast_p50, forecast_p99 = _forecast_cpu_us(states["full"], profile, args.num_iters, rng)
+    print(f"kv forecast ({args.running} running, learned lengths) cpu p50 {forecast_p50:6.0f} us "
+          f"p99 {forecast_p99:6.0f} us")  # fmt: skip
     summary = {
         "waiting": args.waiting,
         "running": args.running,
@@ -155,8 +159,40 @@ def run(args: Settings) -> None:
         "policies": results,
         "loop_columns_cpu_us_p50": round(columns_p50, 1),
         "loop_columns_cpu_us_p99": round(columns_p99, 1),
+        "kv_forecast_cpu_us_p50": round(forecast_p50, 1),
+        "kv_forecast_cpu_us_p99": round(forecast_p99, 1),
     }
     print(json.dumps(summary))
+
+
+def _forecast_cpu_us(
+    snapshot: StepState, profile: EngineProfile, num_iters: int, rng: np.random.Generator
+) -> tuple[float, float]:
+    """CPU time (p50, p99, us) of the KV reservation's occupancy forecast of the snapshot's
+    running batch, the work a step pays when its gate tests an admission against the KV
+    cache, with output lengths learned from 512 finished requests (20/50/200 tokens)."""
+    policy = build_policy("twp_slo", profile, Slo())
+    assert isinstance(policy, TwpSloPolicy)
+    finished = [Request(-1 - i, 100, 200, 0.0) for i in range(512)]
+    policy.expected.observe(finished, 0)
+    for request in finished:
+        request.token_times_s = [0.0] * int(rng.choice([20, 50, 200]))
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = FinishReason.STOP
+    policy.expected.observe([], 1)
+    columns = RunningColumns.of(snapshot.running)
+    reservation = policy.reservation
+    times = []
+    for _ in range(num_iters):
+        start_cpu = time.thread_time()
+        reservation.begin(
+            columns.prompts, columns.produced, columns.caps,
+            snapshot.num_total_blocks, snapshot.block_size, snapshot.waiting.max_max_tokens,
+        )  # fmt: skip
+        _ = reservation.reserved_blocks
+        times.append(time.thread_time() - start_cpu)
+    p50, p99 = (float(np.percentile(times, q)) * 1e6 for q in (50, 99))
+    return p50, p99
 
 
 if __name__ == "__main__":

@@ -44,6 +44,35 @@ def test_kaplan_meier_gives_the_conditional_means_of_the_mix() -> None:
     assert curve.remaining(ints(0), ints(100)) == pytest.approx([45])
 
 
+@pytest.mark.parametrize("extrapolate", [True, False])
+def test_still_running_sums_to_the_expected_remaining_output(extrapolate: bool) -> None:
+    # E[min(L, m) - o | L > o] is the sum over t of P(still running t tokens from now).
+    curve = SurvivalCurve.fit(ints(*[20] * 50, *[50] * 30, *[200] * 20), ints(120), extrapolate)
+    produced, caps = ints(0, 19, 20, 50, 130, 150), ints(200, 200, 200, 300, 400, 160)
+    offsets = np.arange(400, dtype=np.int64)
+    still = curve.still_running(produced, caps, offsets)
+    assert np.all(np.diff(still, axis=1) <= 0) and np.all((still >= 0) & (still <= 1))
+    assert still.sum(axis=1) == pytest.approx(curve.remaining(produced, caps))
+    # Of the 51 requests past 20 tokens (one censored at 120), 30 finished at 50.
+    assert still[2, 40] == pytest.approx(21 / 51)
+    assert still[5, 10] == 0  # its cap
+
+
+def test_estimator_still_running_blends_buckets_as_its_means() -> None:
+    estimator = OutputLengthEstimator(OutputLengthConfig(bucket_edges=(256,), prior_weight=4))
+    offsets = np.arange(200, dtype=np.int64)
+    fallback = estimator.still_running(ints(100), ints(0), ints(150), offsets).dense()
+    assert fallback.sum() == 150  # the budget: running until the cap
+    batch = [running(i, 100 if i < 20 else 1000, 200, 1) for i in range(40)]
+    estimator.observe(batch, 0)
+    for r in batch:
+        finish(r, 20 if r.num_prompt_tokens == 100 else 100)
+    estimator.observe([], 1)
+    prompts, produced, caps = ints(100, 1000), ints(0, 5), ints(200, 200)
+    still = estimator.still_running(prompts, produced, caps, offsets).dense()
+    assert still.sum(axis=1) == pytest.approx(estimator.remaining(prompts, produced, caps))
+
+
 def test_running_requests_are_censored_not_ignored() -> None:
     # Half finished at 20 tokens, half still running at 100: counting only the finished
     # would say 20. With the survivors' tail at the cap the mean is 0.5 * 20 + 0.5 * 200.

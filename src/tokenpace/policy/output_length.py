@@ -21,8 +21,11 @@ n being the bucket's finished requests. Units: tokens.
 Error report: the expected total output predicted when a request was last admitted (or
 first seen running) against the length it finished with: mean absolute error (tokens),
 mean relative error (absolute error over the true length) and bias (predicted minus true),
-over every finished request; and the spread KV admission uses as its margin, from an
-exponentially weighted mean of squared shortfalls (outputs longer than predicted).
+over every finished request; and the spread of the shortfalls (outputs longer than
+predicted), from an exponentially weighted mean of their squares.
+
+For KV admission (``twp.occupancy``) ``still_running`` gives, for offsets t ahead, the
+probability S(o + t) / S(o) that a request which has produced o tokens still runs then.
 """
 
 from __future__ import annotations
@@ -88,6 +91,7 @@ class SurvivalCurve:
     tail_start: int
     tail_hazard: float
     num_events: int
+    dense: FloatArray  # S(x) for x = 0 .. tail_start
 
     @staticmethod
     def fit(events: IntArray, censored: IntArray, extrapolate: bool = True) -> SurvivalCurve:
@@ -105,7 +109,19 @@ class SurvivalCurve:
         area = np.concatenate(([0.0], np.cumsum(steps[:-1] * np.diff(starts))))
         last = float(survival[-1])
         hazard = -math.log(last) / tail_start if extrapolate and 0 < last < 1 else 0.0
-        return SurvivalCurve(starts, steps, area, tail_start, hazard, len(events))
+        dense = np.repeat(steps[:-1], np.diff(starts))
+        dense = np.append(dense, steps[-1])
+        return SurvivalCurve(starts, steps, area, tail_start, hazard, len(events), dense)
+
+    def survival_at(self, x: IntArray) -> FloatArray:
+        """S(x) = P(L > x), read from the dense table (and the tail beyond it)."""
+        s: FloatArray = self.dense[np.minimum(x, self.tail_start)]
+        if self.tail_hazard > 0:
+            beyond = x > self.tail_start
+            if beyond.any():
+                s = s.copy()
+                s[beyond] *= np.exp(-self.tail_hazard * (x[beyond] - self.tail_start))
+        return s
 
     def _at(self, x: IntArray) -> tuple[FloatArray, FloatArray]:
         """S(x) and the sum of S(t) for t < x."""
@@ -120,6 +136,20 @@ class SurvivalCurve:
             return s_k * np.exp(-h * beyond), area
         return s_k, area + s_k * beyond
 
+    def still_running(self, produced: IntArray, cap: IntArray, offsets: IntArray) -> FloatArray:
+        """``[n, len(offsets)]``: P(min(L, cap) > produced + t | L > produced) for each
+        request (``produced``, ``cap``: arrays of n) and each offset t >= 0; where
+        S(produced) = 0 (beyond what the curve knows, without a tail) the request runs to
+        its cap."""
+        s_o = self.survival_at(produced)
+        ahead = self.survival_at(produced[:, None] + offsets[None, :])
+        known = s_o > 0
+        scale = np.divide(1.0, s_o, out=np.zeros_like(s_o), where=known)
+        ratio = ahead * scale[:, None]
+        ratio[~known] = 1.0
+        result: FloatArray = ratio * (offsets[None, :] < (cap - produced)[:, None])
+        return result
+
     def remaining(self, produced: IntArray, cap: IntArray) -> FloatArray:
         """E[min(L, cap) - produced | L > produced]; ``cap - produced`` where S = 0."""
         s_o, area_o = self._at(produced)
@@ -130,6 +160,56 @@ class SurvivalCurve:
         # Rounding only: the sum is within [S(o), (m - o) S(o)].
         result: FloatArray = np.clip(expected, 1.0, np.maximum(budget, 1.0))
         return result
+
+
+@dataclass(frozen=True, slots=True)
+class StillRunning:
+    """The probabilities that n requests still run at each offset of a forecast grid,
+    stored once per distinct row: request j's row is ``rows[row_of[j]]``
+    (``[len(rows), offsets]``). ``representatives`` (set by ``group``): each row's
+    produced tokens, cap and prompt bucket."""
+
+    rows: FloatArray
+    row_of: IntArray
+    representatives: tuple[IntArray, IntArray, IntArray] = (
+        np.zeros(0, dtype=np.int64),
+        np.zeros(0, dtype=np.int64),
+        np.zeros(0, dtype=np.int64),
+    )
+
+    @staticmethod
+    def group(
+        produced: IntArray, caps: IntArray, step: int, num_offsets: int, bucket: IntArray
+    ) -> StillRunning:
+        """Requests grouped by (bucket, produced rounded down to a multiple of ``step``,
+        tokens left rounded up to one, at most ``num_offsets`` steps); ``rows`` empty."""
+        progress = produced // step
+        left = np.clip(-(-(caps - produced) // step), 0, num_offsets)
+        span = int(progress.max(initial=0)) + 1
+        key = (bucket * span + progress) * (num_offsets + 1) + left
+        # The keys are small integers: a count per key finds the distinct ones in order.
+        present = np.flatnonzero(np.bincount(key))
+        row_at = np.zeros(int(present[-1]) + 1 if len(present) else 0, dtype=np.int64)
+        row_at[present] = np.arange(len(present))
+        rep_left = present % (num_offsets + 1)
+        rep_progress = present // (num_offsets + 1)
+        rep_produced = (rep_progress % span) * step
+        return StillRunning(
+            np.zeros((len(present), num_offsets)),
+            row_at[key],
+            (rep_produced, rep_produced + rep_left * step, rep_progress // span),
+        )
+
+    def until_cap(self, offsets: IntArray) -> StillRunning:
+        """These groups running to their caps (the ``max_tokens`` budgets)."""
+        produced, caps, _ = self.representatives
+        rows = (offsets[None, :] < (caps - produced)[:, None]).astype(np.float64)
+        return StillRunning(rows, self.row_of, self.representatives)
+
+    def dense(self) -> FloatArray:
+        """``[n, offsets]``: every request's row."""
+        dense: FloatArray = self.rows[self.row_of]
+        return dense
 
 
 @dataclass(slots=True)
@@ -162,9 +242,9 @@ class ErrorStats:
 
     @property
     def spread(self) -> float:
-        """The error's spread as KV admission needs it: sqrt(2 x mean squared shortfall)
-        (outputs longer than predicted), which is the RMS error for symmetric errors and 0
-        while every prediction is an upper bound (the max_tokens budget)."""
+        """The shortfalls' spread: sqrt(2 x mean squared shortfall) (outputs longer than
+        predicted), which is the RMS error for symmetric errors and 0 while every
+        prediction is an upper bound (the max_tokens budget)."""
         return math.sqrt(2.0 * self.shortfall_ema)
 
 
@@ -259,6 +339,38 @@ class OutputLengthEstimator:
                 own = curve.remaining(produced[rows], caps[rows])
                 estimate[rows] = weight * own + (1.0 - weight) * estimate[rows]
         return estimate
+
+    def still_running(
+        self, prompts: IntArray, produced: IntArray, caps: IntArray, offsets: IntArray
+    ) -> StillRunning:
+        """The probability that each request (columns as in ``remaining``) is still running
+        t tokens from now, for each offset t of the grid 0, d, 2d, .. (``offsets``). Each
+        request's progress is rounded down to a multiple of d and its tokens left up to
+        one: requests of one prompt bucket that fall together then share a row, computed
+        once (exact for d = 1). Before a curve is fitted: 1 until the cap, 0 from there."""
+        step = int(offsets[1] - offsets[0]) if len(offsets) > 1 else 1
+        pooled = self._pooled_curve
+        curves = [c for c in self._curves if c is not None]
+        bucket = (
+            np.searchsorted(self._edges, prompts, side="right")
+            if pooled is not None and curves
+            else np.zeros(len(prompts), dtype=np.int64)
+        )
+        grid = StillRunning.group(produced, caps, step, len(offsets), bucket)
+        rep_produced, rep_caps, rep_bucket = grid.representatives
+        if pooled is None:
+            return grid.until_cap(offsets)
+        rows = pooled.still_running(rep_produced, rep_caps, offsets)
+        for b, curve in enumerate(self._curves):
+            if curve is None:
+                continue
+            at = np.flatnonzero(rep_bucket == b)
+            if not len(at):
+                continue
+            weight = curve.num_events / (curve.num_events + self.config.prior_weight)
+            own = curve.still_running(rep_produced[at], rep_caps[at], offsets)
+            rows[at] = weight * own + (1.0 - weight) * rows[at]
+        return StillRunning(rows, grid.row_of, grid.representatives)
 
     def remaining_of(self, request: Request) -> float:
         produced = len(request.token_times_s)

@@ -1,59 +1,130 @@
-"""The KV reservation's predicted peak and its admission test."""
+"""The KV reservation's occupancy forecast and its admission test."""
 
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tokenpace.policy.twp.kv_reservation import KvReservation, peak_blocks
+from tokenpace.core.request import Request
+from tokenpace.policy.output_length import StillRunning
+from tokenpace.policy.twp.kv_reservation import KvReservation
+from tokenpace.policy.twp.occupancy import Occupancy, forecast_offsets
+
+IntArray = npt.NDArray[np.int64]
 
 
-def _simulated_peak(current: list[int], remaining: list[int], block_size: int) -> int:
-    """Blocks held at each step while every request grows by one token a step until its
-    remaining output is produced, then frees its blocks; the largest total."""
-    peak = 0
-    for t in range(max(remaining, default=0) + 1):
-        held = sum(
-            -(-(c + t) // block_size) for c, r in zip(current, remaining, strict=True) if t <= r
-        )
-        peak = max(peak, held)
-    return peak
+def _until_cap(
+    prompts: IntArray, produced: IntArray, caps: IntArray, offsets: IntArray
+) -> StillRunning:
+    """Every request runs to its cap (the max_tokens budgets)."""
+    step = int(offsets[1] - offsets[0])
+    buckets = np.zeros(len(prompts), dtype=np.int64)
+    return StillRunning.group(produced, caps, step, len(offsets), buckets).until_cap(offsets)
 
 
-def test_peak_is_below_the_sum_of_final_sizes_when_requests_finish_apart() -> None:
-    # One request near its end, one with a long way to go: they never hold their final
-    # sizes together.
-    current, remaining = np.array([50.0, 10.0]), np.array([10.0, 100.0])
-    assert peak_blocks(current, remaining, 1) == 111  # 110 tokens + one partial block
-    assert peak_blocks(current, remaining, 1) < (60 + 110)
-    assert peak_blocks(np.zeros(0), np.zeros(0), 16) == 0
+def _each(rows: npt.NDArray[np.float64]) -> StillRunning:
+    return StillRunning(rows, np.arange(len(rows), dtype=np.int64))
+
+
+def _held_at(current: list[int], remaining: list[int], t: int, block_size: int) -> int:
+    """Blocks held after t more tokens by requests that grow one token a step and free
+    everything once their remaining output is produced."""
+    return sum(
+        -(-(c + t + 1) // block_size) for c, r in zip(current, remaining, strict=True) if t < r
+    )
 
 
 @given(
-    st.lists(st.tuples(st.integers(1, 300), st.integers(0, 300)), min_size=1, max_size=12),
+    st.lists(st.tuples(st.integers(1, 300), st.integers(1, 300)), min_size=1, max_size=12),
     st.sampled_from([1, 4, 16]),
+    st.integers(2, 40),
 )
-def test_peak_bounds_the_blocks_held_at_every_step(
-    requests: list[tuple[int, int]], block_size: int
+def test_forecast_bounds_the_blocks_held_at_every_step(
+    requests: list[tuple[int, int]], block_size: int, num_offsets: int
 ) -> None:
     current = [c for c, _ in requests]
     remaining = [r for _, r in requests]
-    predicted = peak_blocks(
-        np.array(current, dtype=np.float64), np.array(remaining, dtype=np.float64), block_size
+    offsets = forecast_offsets(max(remaining), num_offsets)
+    produced = np.zeros(len(requests), dtype=np.int64)
+    running = _until_cap(produced, produced, np.array(remaining), offsets)
+    assert np.array_equal(
+        running.dense(), (offsets[None, :] < np.array(remaining)[:, None]).astype(float)
     )
-    finals = sum(-(-(c + r) // block_size) for c, r in requests)
-    assert _simulated_peak(current, remaining, block_size) <= predicted
-    assert predicted <= finals + len(requests)
+    forecast = Occupancy.of(np.array(current), running, offsets, block_size)
+    assert np.all(forecast.variance == 0)  # lengths known: nothing uncertain
+    step = int(offsets[1] - offsets[0])
+    for t in range(max(remaining)):
+        assert _held_at(current, remaining, t, block_size) <= forecast.mean[t // step] + 1e-9
+    # Never more than each request at its final size plus the grid's slack and one block.
+    finals = sum((c + r + step) / block_size + 1 for c, r in requests)
+    assert forecast.mean.max() <= finals + 1e-9
 
 
-def test_admission_counts_the_candidate_at_its_final_size_and_the_margin() -> None:
-    reservation = KvReservation(sigmas=2.0)
-    # 100 tokens held, 100 to go, in 1-token blocks; an error spread of 8 tokens.
-    reservation.begin(np.array([100.0]), np.array([100.0]), 8.0, 300, 1)
-    assert reservation.reserved_blocks == 201
-    margin_two = 2.0 * 8.0 * np.sqrt(2)
-    assert reservation.admits(int(300 - 201 - margin_two))
-    assert not reservation.admits(int(300 - 201 - margin_two) + 1)
-    reservation.add(50)
-    assert reservation.reserved_blocks == 251
+def test_forecast_counts_spread_lengths_below_the_sum_of_expected_final_sizes() -> None:
+    # 100 fresh requests of 100 prompt tokens: half finish after 100 tokens, half after
+    # 900. Expected final size 600 tokens each; but the short half is gone long before
+    # the long half grows.
+    offsets = forecast_offsets(1000, 100)
+    still = np.where(offsets < 100, 1.0, np.where(offsets < 900, 0.5, 0.0))
+    forecast = Occupancy.of(
+        np.full(100, 100), _each(np.tile(still, (100, 1))), offsets, block_size=1
+    )
+    expected_finals = 100 * 600
+    assert forecast.mean.max() < 0.9 * expected_finals
+    # Held by the long half just before it ends: 50 x 1,000 tokens (+ grid slack).
+    assert forecast.mean.max() >= 50 * 1000
+    # Half running, half not: the count's variance peaks where p = 0.5.
+    middle = int(np.searchsorted(offsets, 500))
+    assert forecast.variance[middle] > 0
+    assert forecast.variance[0] == 0
+
+
+def _request(request_id: int, prompt: int, max_tokens: int) -> Request:
+    return Request(
+        request_id=request_id, num_prompt_tokens=prompt, max_tokens=max_tokens, arrival_s=0.0
+    )
+
+
+def test_admission_fits_the_candidate_in_the_forecast_at_every_offset() -> None:
+    reservation = KvReservation(sigmas=1.0, still_running=_until_cap)
+    # One running request of 100 prompt tokens with 50 tokens to go, 1-token blocks, on a
+    # grid of 4-token offsets (200 / 64).
+    prompts, produced, caps = np.array([100]), np.array([0]), np.array([50])
+    reservation.begin(prompts, produced, caps, 420, 1, waiting_horizon=200)
+    assert reservation.reserved_blocks == 100 + 48 + 4 + 1  # at offset 48, with the slack
+    # It is gone before a 200-token candidate with 100 to produce has grown: together they
+    # hold at most 153 + 253 blocks, so the candidate fits in 420 blocks, where counting
+    # final sizes (150 + 300) would refuse it.
+    assert reservation.admits(_request(1, 200, 100))
+    assert not reservation.admits(_request(2, 300, 100))  # 153 + 353 at offset 48
+    reservation.add(_request(1, 200, 100))
+    assert reservation.reserved_blocks == 153 + 253
+    assert not reservation.admits(_request(3, 100, 100))
+    assert reservation.admits_any(50.0)  # 105 + 205 + 50 now; 406 at offset 48
+    assert not reservation.admits_any(200.0)
+    assert reservation.margin_blocks == 0.0  # budgets: no uncertainty
+
+
+def test_margin_is_sigmas_standard_deviations_of_the_occupancy() -> None:
+    def coin(
+        prompts: IntArray, produced: IntArray, caps: IntArray, offsets: IntArray
+    ) -> StillRunning:
+        return _each(np.where(offsets[None, :] < 10, 1.0, 0.5).repeat(len(prompts), axis=0))
+
+    tight, loose = KvReservation(2.0, coin), KvReservation(0.0, coin)
+    for reservation in (tight, loose):
+        reservation.begin(
+            np.full(4, 90), np.zeros(4, dtype=np.int64), np.full(4, 100), 10_000, 1, 100
+        )
+    assert loose.margin_blocks == 0.0
+    assert tight.margin_blocks > 0.0
+    assert tight.reserved_blocks == loose.reserved_blocks
+    # Find the largest candidate each admits: the margin costs room.
+    sizes = range(1, 10_000, 50)
+    biggest = {
+        name: max((p for p in sizes if r.admits(_request(p, p, 10))), default=0)
+        for name, r in (("tight", tight), ("loose", loose))
+    }
+    assert biggest["tight"] < biggest["loose"]

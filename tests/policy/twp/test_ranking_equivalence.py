@@ -5,7 +5,6 @@ then the gate) is kept here and compared on snapshots full of ties."""
 from __future__ import annotations
 
 import contextlib
-import math
 from unittest import mock
 
 import numpy as np
@@ -17,6 +16,7 @@ from tests.helpers import request, running, state
 from tests.policy.snapshots import Snapshot, build, snapshots
 from tokenpace.core.queue import WaitingQueue
 from tokenpace.core.request import Request
+from tokenpace.core.running import RunningColumns
 from tokenpace.core.step import StepPlan, StepState
 from tokenpace.policy.common import schedule_tokens
 from tokenpace.policy.twp import prompt_scan, ranking
@@ -76,8 +76,7 @@ class ReferenceTwp(TwpPolicy):
         self.expected.observe(state.running, state.step_index)
         remaining = self.expected.running_remaining(state.running)
         load = float(remaining.sum())
-        sizes = np.array([r.num_tokens for r in state.running], dtype=np.float64)
-        reservation = self._begin_reservation(sizes, remaining, state)
+        reservation = self._begin_reservation(RunningColumns.of(state.running), state)
         outcome = GateOutcome(token_load=load, num_free_blocks=state.num_free_blocks)
         forced_ids: list[int] = []
         waiting = state.waiting
@@ -89,17 +88,16 @@ class ReferenceTwp(TwpPolicy):
             for request in waiting.request_at(forced):
                 need = state.blocks_for(request.num_tokens)
                 expected_left = self.expected.remaining_of(request)
-                final = state.blocks_for(math.ceil(request.num_tokens + expected_left))
                 idle = load == 0 and not outcome.admitted
                 if need > outcome.num_free_blocks or not (
-                    reservation is None or idle or reservation.admits(final)
+                    reservation is None or idle or reservation.admits(request)
                 ):
                     break
                 outcome.admitted.append(request)
                 outcome.token_load += expected_left
                 outcome.num_free_blocks -= need
                 if reservation is not None:
-                    reservation.add(final)
+                    reservation.add(request)
                 forced_ids.append(request.request_id)
             skip = set(forced.tolist())
             order = [int(i) for i in np.argsort(-scores, kind="stable") if i not in skip]

@@ -17,6 +17,7 @@ from tests.policy.snapshots import Snapshot, build, snapshots
 from tests.policy.twp.test_ranking_equivalence import reference_scores
 from tokenpace.core.queue import WaitingQueue
 from tokenpace.core.request import Request
+from tokenpace.core.running import RunningColumns
 from tokenpace.core.step import StepPlan, StepState
 from tokenpace.engine.profile import load_profile
 from tokenpace.metrics.slo import Slo
@@ -97,9 +98,7 @@ class ReferenceTwpSlo(TwpSloPolicy):
             if tokens:
                 scheduled[r.request_id] = tokens
                 chunks.append((tokens, r.num_computed_tokens))
-        sizes = np.array([r.num_tokens for r in state.running], dtype=np.float64)
-        remaining = self.expected.running_remaining(state.running)
-        reservation = self._begin_reservation(sizes, remaining, state)
+        reservation = self._begin_reservation(RunningColumns.of(state.running), state)
         admitted: list[Request] = []
         forced: list[int] = []
         free = state.num_free_blocks
@@ -109,31 +108,29 @@ class ReferenceTwpSlo(TwpSloPolicy):
             forced_positions = np.flatnonzero(waited >= cfg.max_wait_steps)
             for request in waiting.request_at(forced_positions):
                 need = state.blocks_for(request.num_tokens)
-                footprint = self._footprint(request, state)
                 idle = not state.running and not admitted
                 tokens = self._chunk(request)
                 if (
                     not tokens
                     or need > free
-                    or not (reservation is None or idle or reservation.admits(footprint))
+                    or not (reservation is None or idle or reservation.admits(request))
                 ):
                     break
                 free -= need
                 admitted.append(request)
                 forced.append(request.request_id)
                 if reservation is not None:
-                    reservation.add(footprint)
+                    reservation.add(request)
                 scheduled[request.request_id] = tokens
                 chunks.append((tokens, request.num_computed_tokens))
             skip = set(forced_positions.tolist())
             keys = self._reference_keys(state, budget, skip)
             order = [int(i) for i in np.argsort(-keys, kind="stable") if i not in skip]
             for request in waiting.request_at(order):
-                footprint = self._footprint(request, state)
                 need = state.blocks_for(request.num_tokens)
                 has_room = len(state.running) + len(admitted) < capacity
                 idle = not state.running and not admitted
-                fits = self._fits_kv(footprint, need, free, reservation, idle)
+                fits = self._fits_kv(request, state, need, free, reservation, idle)
                 if not (has_room and fits):
                     break
                 tokens = self._chunk(request)
@@ -142,7 +139,7 @@ class ReferenceTwpSlo(TwpSloPolicy):
                 free -= need
                 admitted.append(request)
                 if reservation is not None:
-                    reservation.add(footprint)
+                    reservation.add(request)
                 scheduled[request.request_id] = tokens
                 chunks.append((tokens, request.num_computed_tokens))
         self.expected.admitted(admitted)

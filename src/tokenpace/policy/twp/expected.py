@@ -17,7 +17,11 @@ import numpy.typing as npt
 
 from tokenpace.core.queue import WaitingQueue
 from tokenpace.core.request import Request
-from tokenpace.policy.output_length import OutputLengthConfig, OutputLengthEstimator
+from tokenpace.policy.output_length import (
+    OutputLengthConfig,
+    OutputLengthEstimator,
+    StillRunning,
+)
 from tokenpace.policy.twp.gate import QueueMinima
 
 FloatArray = npt.NDArray[np.float64]
@@ -42,12 +46,6 @@ class ExpectedOutput:
     def admitted(self, requests: Iterable[Request]) -> None:
         self.estimator.admitted(requests)
 
-    @property
-    def error_tokens(self) -> float:
-        """Spread of one request's output beyond its prediction (``ErrorStats.spread``; 0
-        when planning with budgets, which are never exceeded)."""
-        return self.estimator.errors.spread if self.enabled else 0.0
-
     def running_remaining(self, running: Sequence[Request]) -> FloatArray:
         """Expected remaining output of each running request, in order."""
         n = len(running)
@@ -67,6 +65,24 @@ class ExpectedOutput:
         if not self.enabled:
             return (caps - produced).astype(np.float64)
         return self.estimator.remaining(prompts, produced, caps)
+
+    def still_running(
+        self,
+        prompts: npt.NDArray[np.int64],
+        produced: npt.NDArray[np.int64],
+        caps: npt.NDArray[np.int64],
+        offsets: npt.NDArray[np.int64],
+    ) -> StillRunning:
+        """The probability that each request (columns as in ``remaining_for``) still runs
+        t tokens from now, for each offset t of the grid ``offsets``
+        (``OutputLengthEstimator.still_running``; with budgets: 1 until its cap)."""
+        if not self.enabled:
+            step = int(offsets[1] - offsets[0]) if len(offsets) > 1 else 1
+            buckets = np.zeros(len(prompts), dtype=np.int64)
+            return StillRunning.group(produced, caps, step, len(offsets), buckets).until_cap(
+                offsets
+            )
+        return self.estimator.still_running(prompts, produced, caps, offsets)
 
     def remaining_of(self, request: Request) -> float:
         if not self.enabled:

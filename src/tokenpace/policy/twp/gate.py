@@ -77,7 +77,7 @@ def run_gate(
         idle = outcome.idle
         fits_window = outcome.token_load + remaining <= window or idle
         fits_kv = guard.admits(outcome.num_free_blocks, footprint) and (
-            reservation is None or idle or reservation.admits(footprint)
+            reservation is None or idle or reservation.admits(request)
         )
         if not (fits_window and fits_kv):
             outcome.closed_by = request
@@ -86,7 +86,7 @@ def run_gate(
         outcome.token_load += remaining
         outcome.num_free_blocks -= -(-request.num_tokens // block_size)
         if reservation is not None:
-            reservation.add(footprint)
+            reservation.add(request)
     return outcome
 
 
@@ -112,6 +112,10 @@ def may_admit_any(
     if not idle and outcome.token_load + bounds.remaining > window:
         return False
     smallest = math.ceil(bounds.final_tokens / block_size)
-    if reservation is not None and not idle and not reservation.admits(smallest):
+    if (
+        reservation is not None
+        and not idle
+        and not reservation.admits_any(waiting.min_prompt_tokens / block_size)
+    ):
         return False
     return guard.admits(outcome.num_free_blocks, smallest)

@@ -1,108 +1,141 @@
-"""KV-aware admission against the batch's predicted footprint, so that KV pressure is met by
-waiting, not by preempting and recomputing.
+"""KV-aware admission against the batch's forecast KV occupancy, so that KV pressure is met
+by waiting, not by preempting and recomputing.
 
-Every running request holds its prompt and output so far, grows by one token a step until
-it has produced its expected remaining output (``tokenpace.policy.output_length``), then
-frees everything. The batch's predicted peak is therefore not the sum of the final sizes:
-with the requests ordered by expected remaining output r_1 <= ... <= r_n, the ones still
-running just before the k-th finishes hold sum_{j >= k} (current_j + r_k) tokens, and the
-peak is the largest of these n sums (each request also counted with one partly filled
-block). A candidate is admitted only if that peak plus the candidate's own predicted final
-size (an upper bound on what it adds to any later instant), plus a safety margin, fits in
-the KV cache. The margin covers the estimate's error: with e the spread of a
-finished request's output beyond its prediction (``ErrorStats.spread``), for n requests with
-independent errors ``sigmas`` x e x sqrt(n) tokens. While the batch's true lengths stay
-within the margin, no running request is ever preempted. Forced (starving) admissions wait
-for the reservation too: a starving request goes first, but not at a running one's expense.
+The running requests and the ones a step admits are forecast over their coming tokens
+(``occupancy``): at each offset of the grid, the blocks they are expected to hold and that
+count's variance, from each request's learned probability of still running then. A
+candidate is admitted only if, at every offset, the expected blocks of the batch with it
+plus ``sigmas`` standard deviations fit in the KV cache. The standard deviation is the
+margin learned from the estimate's error: the spread of the output lengths seen, as the
+survival curve has them, conditioned on each request's progress. While the batch's lengths
+stay within it, no running request is preempted. Planning with ``max_tokens`` budgets
+(nothing learned), every request runs to its cap and the variance is 0: the test is then
+exact, never preempting. Forced (starving) admissions wait for the reservation too: a
+starving request goes first, but not at a running one's expense.
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
 
-# Per-request token counts: integer columns from the step loop, or floats.
-TokenCounts = npt.NDArray[np.int64] | npt.NDArray[np.float64]
+from tokenpace.core.request import Request
+from tokenpace.policy.output_length import StillRunning
+from tokenpace.policy.twp.occupancy import (
+    NUM_OFFSETS,
+    Occupancy,
+    forecast_offsets,
+    request_columns,
+)
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+# (prompts, produced, caps, offsets) -> P(still running t tokens from now).
+StillRunningOf = Callable[[IntArray, IntArray, IntArray, IntArray], StillRunning]
 
 
 class KvReservation:
-    """The predicted KV footprint (blocks) of the running batch plus this step's admissions.
+    """The forecast KV occupancy of the running batch plus this step's admissions.
 
-    ``begin`` starts a step from the running requests' current sizes and expected remaining
-    outputs (tokens); ``admits(blocks)`` says whether a candidate of that predicted final
-    size still fits; ``add`` counts an admitted one. The batch's peak is computed when first
-    needed in a step (an admission test or ``reserved_blocks``), so a step whose gate is
-    closed for other reasons does not pay for it.
+    ``begin`` starts a step from the running requests' columns (prompt tokens, output
+    produced, ``max_tokens``); ``admits(request)`` says whether a candidate still fits with
+    the margin; ``add(request)`` counts an admitted one. The running batch's forecast is
+    computed when first needed in a step, so a step whose gate is closed for other reasons
+    does not pay for it. ``still_running`` gives the probabilities the forecast is made of
+    (``ExpectedOutput.still_running``).
     """
 
-    def __init__(self, sigmas: float) -> None:
+    def __init__(self, sigmas: float, still_running: StillRunningOf) -> None:
         self.sigmas = sigmas
-        self.margin_blocks = 0.0
-        self._peak: int | None = 0
-        self._current: TokenCounts = np.zeros(0)
-        self._remaining: TokenCounts = np.zeros(0)
-        self._added_blocks = 0
-        self._num_requests = 0
-        self._total_blocks = 0
+        self._still_running = still_running
+        self._columns: tuple[IntArray, IntArray, IntArray] = (
+            np.zeros(0, dtype=np.int64),
+            np.zeros(0, dtype=np.int64),
+            np.zeros(0, dtype=np.int64),
+        )
+        self._offsets: IntArray | None = None
+        self._waiting_horizon = 0
         self._block_size = 1
-        self._error_tokens = 0.0
+        self._total_blocks = 0
+        self._batch: Occupancy | None = None
+        self._last: tuple[int, Occupancy] | None = None
 
     def begin(
         self,
-        current_tokens: TokenCounts,
-        remaining_tokens: TokenCounts,
-        error_tokens: float,
+        prompts: IntArray,
+        produced: IntArray,
+        caps: IntArray,
         num_total_blocks: int,
         block_size: int,
+        waiting_horizon: int,
     ) -> None:
-        """``current_tokens``: each running request's prompt + output so far;
-        ``remaining_tokens``: its expected remaining output; ``error_tokens``: the spread of
-        one request's output beyond its prediction."""
-        self._current, self._remaining = current_tokens, remaining_tokens
-        self._peak = None
-        self._added_blocks = 0
-        self._num_requests = len(current_tokens)
+        """A new step: the running requests' columns, the cache, and the most output tokens
+        a waiting request may produce (its ``max_tokens``); the forecast reaches as far as
+        any of them."""
+        self._columns = (prompts, produced, caps)
+        self._waiting_horizon = waiting_horizon
+        self._offsets = None
         self._total_blocks = num_total_blocks
         self._block_size = block_size
-        self._error_tokens = error_tokens
-        self.margin_blocks = self._margin(self._num_requests)
+        self._batch = None
+        self._last = None
 
     @property
-    def reserved_blocks(self) -> int:
-        """The running batch's predicted peak plus this step's admissions (blocks)."""
-        if self._peak is None:
-            self._peak = peak_blocks(self._current, self._remaining, self._block_size)
-        return self._peak + self._added_blocks
+    def reserved_blocks(self) -> float:
+        """The largest expected occupancy (blocks) over the forecast."""
+        return float(np.max(self._occupancy().mean))
 
-    def blocks(self, final_tokens: float) -> int:
-        return math.ceil(final_tokens / self._block_size)
+    @property
+    def margin_blocks(self) -> float:
+        """The margin (blocks) where the expected occupancy peaks."""
+        batch = self._occupancy()
+        peak = int(np.argmax(batch.mean))
+        return float(self.sigmas * np.sqrt(batch.variance[peak]))
 
-    def admits(self, blocks: int) -> bool:
-        """True if a candidate predicted to need ``blocks`` fits with the margin of a batch
-        one request larger."""
-        margin = self._margin(self._num_requests + 1)
-        return self.reserved_blocks + blocks + margin <= self._total_blocks
+    def admits(self, request: Request) -> bool:
+        """True if ``request`` admitted now keeps the forecast within the cache."""
+        return self._fits(self._of(request))
 
-    def add(self, blocks: int) -> None:
-        self._added_blocks += blocks
-        self._num_requests += 1
-        self.margin_blocks = self._margin(self._num_requests)
+    def admits_any(self, smallest_blocks: float) -> bool:
+        """False only when no candidate holding at least ``smallest_blocks`` blocks on
+        admission could pass ``admits``."""
+        return self._fits(Occupancy.at_start(smallest_blocks, NUM_OFFSETS))
 
-    def _margin(self, num_requests: int) -> float:
-        return self.sigmas * self._error_tokens * math.sqrt(num_requests) / self._block_size
+    def add(self, request: Request) -> None:
+        """Count ``request`` as admitted this step."""
+        own = self._of(request)
+        batch = self._occupancy()
+        self._batch = Occupancy(batch.mean + own.mean, batch.variance + own.variance)
 
+    def _fits(self, candidate: Occupancy) -> bool:
+        batch = self._occupancy()
+        bound = batch.mean + candidate.mean
+        bound += self.sigmas * np.sqrt(batch.variance + candidate.variance)
+        return bool(np.max(bound) <= self._total_blocks)
 
-def peak_blocks(current_tokens: TokenCounts, remaining_tokens: TokenCounts, block_size: int) -> int:
-    """The most blocks requests of these current sizes will hold at once while each grows
-    by its remaining tokens and then frees its blocks (see the module doc); 0 for none."""
-    if not len(current_tokens):
-        return 0
-    order = np.argsort(remaining_tokens, kind="stable")
-    remaining = np.asarray(remaining_tokens, dtype=np.float64)[order]
-    current = np.asarray(current_tokens, dtype=np.float64)[order]
-    still_running = np.arange(len(current), 0, -1)
-    held_before = np.cumsum(current[::-1])[::-1]
-    peak_tokens = held_before + still_running * remaining
-    return math.ceil(float(np.max(peak_tokens / block_size + still_running)))
+    def _of(self, request: Request) -> Occupancy:
+        if self._last is not None and self._last[0] == request.request_id:
+            return self._last[1]
+        offsets = self._grid()
+        prompts, produced, caps = request_columns(request)
+        running = self._still_running(prompts, produced, caps, offsets)
+        own = Occupancy.of(prompts + produced, running, offsets, self._block_size)
+        self._last = (request.request_id, own)
+        return own
+
+    def _occupancy(self) -> Occupancy:
+        if self._batch is None:
+            offsets = self._grid()
+            prompts, produced, caps = self._columns
+            running = self._still_running(prompts, produced, caps, offsets)
+            self._batch = Occupancy.of(prompts + produced, running, offsets, self._block_size)
+        return self._batch
+
+    def _grid(self) -> IntArray:
+        if self._offsets is None:
+            _, produced, caps = self._columns
+            horizon = max(self._waiting_horizon, int((caps - produced).max()) if len(caps) else 0)
+            self._offsets = forecast_offsets(max(1, horizon), NUM_OFFSETS)
+        return self._offsets

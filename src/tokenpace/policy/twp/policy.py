@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
@@ -18,7 +17,7 @@ from tokenpace.policy.twp.config import TwpConfig
 from tokenpace.policy.twp.expected import ExpectedOutput
 from tokenpace.policy.twp.gate import GateOutcome, may_admit_any, run_gate
 from tokenpace.policy.twp.kv_guard import KvHeadroomGuard
-from tokenpace.policy.twp.kv_reservation import KvReservation, TokenCounts
+from tokenpace.policy.twp.kv_reservation import KvReservation
 from tokenpace.policy.twp.ranking import ranked, starving_positions
 from tokenpace.policy.twp.window import WindowController
 from tokenpace.policy.window_state import WindowState, token_window_state
@@ -56,7 +55,7 @@ class TwpPolicy:
         self.window = WindowController(config)
         self.kv_guard = KvHeadroomGuard(config)
         self.expected = ExpectedOutput(config.output_lengths, config.use_output_estimate)
-        self.reservation = KvReservation(config.kv_margin_sigmas)
+        self.reservation = KvReservation(config.kv_margin_sigmas, self.expected.still_running)
         self._token_load = 0.0
         self._num_forced = 0
 
@@ -86,7 +85,7 @@ class TwpPolicy:
         prompt_col, output_col = columns.prompts, columns.produced
         remaining = self.expected.remaining_for(prompt_col, output_col, columns.caps)
         token_load = float(remaining.sum())
-        reservation = self._begin_reservation(prompt_col + output_col, remaining, state)
+        reservation = self._begin_reservation(columns, state)
         outcome = GateOutcome(token_load=token_load, num_free_blocks=state.num_free_blocks)
         forced_ids: list[int] = []
         waiting = state.waiting
@@ -96,16 +95,15 @@ class TwpPolicy:
             for request in waiting.request_at(forced):
                 need = state.blocks_for(request.num_tokens)
                 expected = self.expected.remaining_of(request)
-                footprint = state.blocks_for(math.ceil(request.num_tokens + expected))
                 if need > outcome.num_free_blocks or not _reserves(
-                    reservation, footprint, outcome.idle
+                    reservation, request, outcome.idle
                 ):
                     break
                 outcome.admitted.append(request)
                 outcome.token_load += expected
                 outcome.num_free_blocks -= need
                 if reservation is not None:
-                    reservation.add(footprint)
+                    reservation.add(request)
                 forced_ids.append(request.request_id)
             # (3)-(4b) the gate, in rank order, over the rest; ranking is skipped when no
             # candidate could pass, which leaves the decision unchanged.
@@ -133,19 +131,15 @@ class TwpPolicy:
             forced_ids=frozenset(forced_ids),
         )
 
-    def _begin_reservation(
-        self,
-        current_tokens: TokenCounts,
-        remaining_tokens: TokenCounts,
-        state: StepState,
-    ) -> KvReservation | None:
-        """The KV reservation for this step from the running requests' current sizes and
-        expected remaining outputs (tokens); None when switched off."""
+    def _begin_reservation(self, columns: RunningColumns, state: StepState) -> KvReservation | None:
+        """The KV reservation for this step over the running requests; None when switched
+        off."""
         if not self.config.use_kv_reservation:
             return None
         self.reservation.begin(
-            current_tokens, remaining_tokens, self.expected.error_tokens,
+            columns.prompts, columns.produced, columns.caps,
             state.num_total_blocks, state.block_size,
+            state.waiting.max_max_tokens if len(state.waiting) else 0,
         )  # fmt: skip
         return self.reservation
 
@@ -186,9 +180,9 @@ class TwpPolicy:
         }
 
 
-def _reserves(reservation: KvReservation | None, footprint: int, idle: bool) -> bool:
+def _reserves(reservation: KvReservation | None, request: Request, idle: bool) -> bool:
     """The KV reservation test (passed when switched off, or by the liveness rule)."""
-    return reservation is None or idle or reservation.admits(footprint)
+    return reservation is None or idle or reservation.admits(request)
 
 
 @POLICIES.register("twp")

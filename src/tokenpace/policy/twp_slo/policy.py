@@ -20,7 +20,7 @@ from tokenpace.metrics.slo import Slo
 from tokenpace.policy.base import POLICIES, Policy
 from tokenpace.policy.twp.expected import ExpectedOutput
 from tokenpace.policy.twp.kv_guard import KvHeadroomGuard
-from tokenpace.policy.twp.kv_reservation import KvReservation, TokenCounts
+from tokenpace.policy.twp.kv_reservation import KvReservation
 from tokenpace.policy.twp.ranking import ranked, starving_positions
 from tokenpace.policy.twp_slo.config import TwpSloConfig
 from tokenpace.policy.twp_slo.deadline import deadline_order
@@ -56,7 +56,7 @@ class TwpSloPolicy:
         self.window = RequestWindow(config)
         self.kv_guard = KvHeadroomGuard(config.base)
         self.expected = ExpectedOutput(config.base.output_lengths, config.use_output_estimate)
-        self.reservation = KvReservation(config.base.kv_margin_sigmas)
+        self.reservation = KvReservation(config.base.kv_margin_sigmas, self.expected.still_running)
         self._latency = LatencyModel(profile)
         self.budget = PrefillBudget(self._latency, config.max_prefill_tokens)
         self._budget = float(config.min_prefill_tokens)
@@ -106,7 +106,7 @@ class TwpSloPolicy:
                 scheduled[r.request_id] = tokens
                 prefill_ms += budget.cost_ms(tokens, r.num_computed_tokens)
         remaining = self.expected.remaining_for(columns.prompts, columns.produced, columns.caps)
-        reservation = self._begin_reservation(columns.prompts + columns.produced, remaining, state)
+        reservation = self._begin_reservation(columns, state)
 
         admitted: list[Request] = []
         forced: list[int] = []
@@ -127,20 +127,19 @@ class TwpSloPolicy:
                 excluded = np.union1d(forced_positions, gone)
             for request in waiting.request_at(forced_positions):
                 need = state.blocks_for(request.num_tokens)
-                footprint = self._footprint(request, state)
                 idle = not running and not admitted
                 tokens = self._chunk(request)
                 if (
                     tokens == 0
                     or need > free
-                    or not (reservation is None or idle or reservation.admits(footprint))
+                    or not (reservation is None or idle or reservation.admits(request))
                 ):
                     break
                 free -= need
                 admitted.append(request)
                 forced.append(request.request_id)
                 if reservation is not None:
-                    reservation.add(footprint)
+                    reservation.add(request)
                 scheduled[request.request_id] = tokens
                 prefill_ms += budget.cost_ms(tokens, request.num_computed_tokens)
             # The gate's room and budget tests do not depend on the candidate (a fresh
@@ -151,20 +150,18 @@ class TwpSloPolicy:
                 len(excluded) < len(waiting)
                 and len(running) + len(admitted) < capacity
                 and self._has_budget()
-                and self._fits_kv(
-                    math.ceil(self.expected.queue_minima(waiting).final_tokens / state.block_size),
-                    0, free, reservation, not running and not admitted,
-                )
-            )  # fmt: skip
+                and self._may_fit_kv(state, free, reservation, not running and not admitted)
+            )
             if may_admit:
                 backlog = float(columns.uncomputed[prefilling_at].sum())
                 candidates = self._candidates(state, int(self._budget), excluded, backlog)
                 for request in candidates:
-                    footprint = self._footprint(request, state)
                     has_room = len(running) + len(admitted) < capacity
                     idle = not running and not admitted
                     need = state.blocks_for(request.num_tokens)
-                    if not (has_room and self._fits_kv(footprint, need, free, reservation, idle)):
+                    if not (
+                        has_room and self._fits_kv(request, state, need, free, reservation, idle)
+                    ):
                         break
                     tokens = self._chunk(request)
                     if tokens == 0:
@@ -172,7 +169,7 @@ class TwpSloPolicy:
                     free -= need
                     admitted.append(request)
                     if reservation is not None:
-                        reservation.add(footprint)
+                        reservation.add(request)
                     scheduled[request.request_id] = tokens
                     prefill_ms += budget.cost_ms(tokens, request.num_computed_tokens)
         self.expected.admitted(admitted)
@@ -225,20 +222,15 @@ class TwpSloPolicy:
         """Whether the budget left pays for a fresh request's first token."""
         return not self.config.use_prefill_budget or self.budget.affordable(1, 0) > 0
 
-    def _begin_reservation(
-        self,
-        current_tokens: TokenCounts,
-        remaining_tokens: TokenCounts,
-        state: StepState,
-    ) -> KvReservation | None:
-        """This step's KV reservation from the running requests' current sizes and expected
-        remaining outputs (tokens); None when switched off (the d_kv guard decides
-        instead)."""
+    def _begin_reservation(self, columns: RunningColumns, state: StepState) -> KvReservation | None:
+        """This step's KV reservation over the running requests; None when switched off
+        (the d_kv guard decides instead)."""
         if not self.config.use_kv_reservation:
             return None
         self.reservation.begin(
-            current_tokens, remaining_tokens, self.expected.error_tokens,
+            columns.prompts, columns.produced, columns.caps,
             state.num_total_blocks, state.block_size,
+            state.waiting.max_max_tokens if len(state.waiting) else 0,
         )  # fmt: skip
         return self.reservation
 
@@ -250,18 +242,30 @@ class TwpSloPolicy:
 
     def _fits_kv(
         self,
-        footprint: int,
+        request: Request,
+        state: StepState,
         need: int,
         free: int,
         reservation: KvReservation | None,
         idle: bool,
     ) -> bool:
-        """KV test of a candidate predicted to hold ``footprint`` blocks, needing ``need``
-        now: the reservation (any request on an idle server) and physical room, or the d_kv
-        guard when the reservation is off. Monotone in ``footprint`` and ``need``."""
+        """KV test of a candidate needing ``need`` blocks now: the reservation (any
+        request on an idle server) and physical room, or the d_kv guard on its predicted
+        final size when the reservation is off."""
         if reservation is None:
-            return self.kv_guard.admits(free, footprint)
-        return need <= free and (idle or reservation.admits(footprint))
+            return self.kv_guard.admits(free, self._footprint(request, state))
+        return need <= free and (idle or reservation.admits(request))
+
+    def _may_fit_kv(
+        self, state: StepState, free: int, reservation: KvReservation | None, idle: bool
+    ) -> bool:
+        """False only when no waiting request could pass ``_fits_kv``: both tests are
+        monotone in the request's size, so the queue's lower bounds decide them."""
+        if reservation is None:
+            minima = self.expected.queue_minima(state.waiting)
+            return self.kv_guard.admits(free, math.ceil(minima.final_tokens / state.block_size))
+        smallest = state.waiting.min_prompt_tokens / state.block_size
+        return idle or reservation.admits_any(smallest)
 
     def _decode_attention_ms(
         self, columns: RunningColumns, prefilling_at: npt.NDArray[np.intp], num_decoding: int
