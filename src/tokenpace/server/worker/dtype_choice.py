@@ -5,7 +5,8 @@ Which precision is faster depends on the hardware and on the batch: without nati
 bfloat16 instructions a CPU converts every bfloat16 operand, which costs more than the
 halved memory traffic saves once the batch grows, while at batch 1 the memory saved can
 win. So the choice is measured on the machine at hand, at the expected batch (the policy's
-saturation batch B0), never assumed.
+saturation batch B0, and at least a few requests: ``native_backend.DTYPE_MIN_BATCH``),
+never assumed.
 """
 
 from __future__ import annotations

@@ -24,6 +24,11 @@ from tokenpace.server.worker.wire import Finished, LoadState, Report, WorkerSpec
 
 # Decode steps timed when --dtype auto compares precisions (after one prefill step).
 DTYPE_DECODE_STEPS = 6
+# ``auto`` times decode steps of at least this many requests: one request measures the
+# weight read alone, where float32 can win by a few percent (49.8 against 53.9 ms for
+# SmolLM2 on a 2-core AMX CPU) and then lose as soon as requests batch (106.5 against
+# 64.2 ms at 8) or a prompt is prefilled.
+DTYPE_MIN_BATCH = 8
 
 
 class StepLoopBackend:
@@ -288,14 +293,17 @@ def _load_engine(
     config: NativeEngineConfig, spec: WorkerSpec, clock: Clock
 ) -> tuple[NativeEngine, DtypeChoice]:
     """The engine in ``config.dtype``; for ``auto``, in the precision an earlier
-    incarnation chose, else in the one measured fastest at batch B0 (``choose_dtype``:
-    the median of a few decode steps after 32-token prompts, timed by the probe)."""
-    batch = spec.calibration.b0
+    incarnation chose, else in the one the given profile was measured in (its latencies
+    hold for that precision only), else in the one measured fastest at batch B0, at least
+    ``DTYPE_MIN_BATCH`` (``choose_dtype``: the median of a few decode steps after
+    32-token prompts, timed by the probe)."""
+    batch = max(spec.calibration.b0, DTYPE_MIN_BATCH)
     if config.dtype != AUTO:
         return NativeEngine.load(config, clock=clock), DtypeChoice(config.dtype, batch)
-    if spec.dtype is not None:
-        engine = NativeEngine.load(replace(config, dtype=spec.dtype), clock=clock)
-        return engine, DtypeChoice(spec.dtype, batch)
+    given = spec.dtype or (spec.profile.dtype if spec.profile is not None else "")
+    if given:
+        engine = NativeEngine.load(replace(config, dtype=given), clock=clock)
+        return engine, DtypeChoice(given, batch)
     context = max(2, min(CALIBRATION_CONTEXT_TOKENS, config.max_model_len // 4))
     sweep = SweepConfig(
         batch_sizes=(1, batch, batch),
