@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -329,15 +329,7 @@ class OutputLengthEstimator:
         estimate = pooled.remaining(produced, caps)
         if any(c is not None for c in self._curves):
             buckets = np.searchsorted(self._edges, prompts, side="right")
-            for b, curve in enumerate(self._curves):
-                if curve is None:
-                    continue
-                rows = np.flatnonzero(buckets == b)
-                if not len(rows):
-                    continue
-                weight = curve.num_events / (curve.num_events + self.config.prior_weight)
-                own = curve.remaining(produced[rows], caps[rows])
-                estimate[rows] = weight * own + (1.0 - weight) * estimate[rows]
+            self._blend(estimate, buckets, lambda c, at: c.remaining(produced[at], caps[at]))
         return estimate
 
     def still_running(
@@ -361,16 +353,27 @@ class OutputLengthEstimator:
         if pooled is None:
             return grid.until_cap(offsets)
         rows = pooled.still_running(rep_produced, rep_caps, offsets)
+        self._blend(
+            rows, rep_bucket, lambda c, at: c.still_running(rep_produced[at], rep_caps[at], offsets)
+        )
+        return StillRunning(rows, grid.row_of, grid.representatives)
+
+    def _blend(
+        self,
+        pooled: FloatArray,
+        buckets: IntArray,
+        own: Callable[[SurvivalCurve, IntArray], FloatArray],
+    ) -> None:
+        """Blend, in place, each row of ``pooled`` (the pooled curve's figures) with its
+        prompt bucket's own (``own(curve, rows)``), by weight n / (n + prior_weight)."""
         for b, curve in enumerate(self._curves):
             if curve is None:
                 continue
-            at = np.flatnonzero(rep_bucket == b)
+            at = np.flatnonzero(buckets == b)
             if not len(at):
                 continue
             weight = curve.num_events / (curve.num_events + self.config.prior_weight)
-            own = curve.still_running(rep_produced[at], rep_caps[at], offsets)
-            rows[at] = weight * own + (1.0 - weight) * rows[at]
-        return StillRunning(rows, grid.row_of, grid.representatives)
+            pooled[at] = weight * own(curve, at) + (1.0 - weight) * pooled[at]
 
     def remaining_of(self, request: Request) -> float:
         produced = len(request.token_times_s)
