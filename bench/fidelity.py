@@ -9,7 +9,9 @@ Poisson arrivals at each load) on the real engine and on the simulator under
 The knee's SLO is tokenpace bench's default (TTFT 2 s, TPOT 100 ms) scaled to the engine's
 profile as ``tokenpace bench --engine`` scales it (``metrics.slo.scaled_slo``), unless given.
 Each load's line on stderr also gives the errors of a simulator on Eq. 2 alone (the profile
-without its measured decode residual), to show what the residual contributes.
+without its measured decode residual), to show what the residual contributes, and the real
+engine's step time over what the profile gives the same steps, per kind of step (decode,
+mixed, prefill): far from 1, the engine did not run as it was profiled.
 ``--quick`` is a smoke test: a reduced profiling sweep and a few requests per load.
 Prints one JSON object on its last line:
 ``{"native": {"0.5": {"itl_mean": e, "ttft_p50": e, "ttft_p99": e, "throughput": e}, ...},
@@ -146,6 +148,7 @@ def run(args: Settings) -> None:
                 eq2_errors = {NAMES[k]: round(v, 4) for k, v in measured.eq2_relative_error.items()}
                 result[engine][f"{load:g}" if load != 1 else "1.0"] = errors
                 real, sim = measured.real, measured.simulated
+                over_profile = {k: round(v, 3) for k, v in measured.real_step_over_profile.items()}
                 print(
                     f"{engine} {load:g}x ({workload.rate_per_s:.2f} req/s): real ITL "
                     f"{real['itl_ms']['mean']:.1f} ms, TTFT p50/p99 "
@@ -154,7 +157,8 @@ def run(args: Settings) -> None:
                     f"{sim['itl_ms']['mean']:.1f} ms, TTFT p50/p99 "
                     f"{sim['ttft_ms']['p50']:.0f}/{sim['ttft_ms']['p99']:.0f} ms, "
                     f"{sim['throughput_tok_s']:.1f} tok/s; real per-step cost outside the "
-                    f"measured step latency {measured.real_step_overhead_ms:.2f} ms; "
+                    f"measured step latency {measured.real_step_overhead_ms:.2f} ms; real "
+                    f"step time over the profile's, by kind of step {over_profile}; "
                     f"errors {errors}; on Eq. 2 alone {eq2_errors}",
                     file=sys.stderr,
                     flush=True,

@@ -56,3 +56,27 @@ def test_step_overhead_is_the_median_busy_gap() -> None:
              step(1.049, 0.01)]  # fmt: skip
     assert step_overhead_ms(steps) == pytest.approx(3.0)
     assert math.isnan(step_overhead_ms(steps[:1]))
+
+
+def test_step_time_over_the_profile_is_per_kind_of_step() -> None:
+    from tokenpace.bench.fidelity import step_over_profile
+    from tokenpace.engine.profile import load_profile
+    from tokenpace.runtime.step_loop import StepRecord
+
+    profile = load_profile("v100-llama-3.2-3b")
+
+    def step(latency_ms: float, decode: int, prefill: int) -> StepRecord:
+        return StepRecord(0, 0.0, latency_ms / 1000, decode, 0, decode, prefill, 0, 0, 0, 0, {})
+
+    decode_ms = profile.l_min_ms  # a batch of one decodes at l_min
+    prefill_ms = 64 * profile.prefill_ms_per_token + profile.prefill_attention_ms_per_kctx * (
+        64 * 32.5 / 1000
+    )
+    mixed_ms = decode_ms + prefill_ms + profile.mixed_prefill_overhead_ms
+    steps = [
+        step(decode_ms, 1, 0), step(3 * decode_ms, 1, 0),  # twice the profile on average
+        step(mixed_ms, 1, 64),  # as profiled
+        step(0.0, 0, 0),  # an empty step is no kind
+    ]  # fmt: skip
+    ratios = step_over_profile(steps, profile)
+    assert ratios == pytest.approx({"decode": 2.0, "mixed": 1.0})

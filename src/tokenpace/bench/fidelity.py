@@ -15,6 +15,7 @@ import numpy as np
 from tokenpace.bench.capacity import KneeSearch
 from tokenpace.bench.cpu_scale import simulated_knee
 from tokenpace.bench.runners import RunnerSet, RunRequest
+from tokenpace.engine.latency_model import LatencyModel, PrefillChunk
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.metrics.run_metrics import RunKey, summarize_run
 from tokenpace.metrics.slo import Slo
@@ -46,6 +47,7 @@ class FidelityResult:
     relative_error: Mapping[str, float]
     real_step_overhead_ms: float = float("nan")
     eq2_relative_error: Mapping[str, float] = field(default_factory=dict)
+    real_step_over_profile: Mapping[str, float] = field(default_factory=dict)
 
 
 def step_overhead_ms(steps: Sequence[StepRecord], idle_gap_s: float = 0.05) -> float:
@@ -58,6 +60,28 @@ def step_overhead_ms(steps: Sequence[StepRecord], idle_gap_s: float = 0.05) -> f
     ]
     busy = [1000 * g for g in gaps if -idle_gap_s < g < idle_gap_s]
     return float(np.median(busy)) if busy else float("nan")
+
+
+def step_over_profile(steps: Sequence[StepRecord], profile: EngineProfile) -> dict[str, float]:
+    """Per kind of step (``decode``, ``mixed``: decode with a prefill chunk, ``prefill``):
+    the steps' mean measured latency over the mean ``profile`` gives the same steps (their
+    decode batch and prefill tokens, the prefill as one chunk from context 0, the decode
+    attention term left out: the records carry no contexts). Near 1 when the engine ran
+    as it was profiled; far from it when it did not (another precision, a slower phase of
+    the machine). Kinds with no step are left out."""
+    model = LatencyModel(profile)
+    sums: dict[str, list[float]] = {}
+    for step in steps:
+        prefill = step.num_prefill_tokens
+        if not prefill and not step.num_decode_tokens:
+            continue
+        kind = "prefill" if not step.num_decode_tokens else ("mixed" if prefill else "decode")
+        chunks = [PrefillChunk(prefill, 0)] if prefill else []
+        predicted = model.step_s(step.num_decode_tokens, chunks)
+        measured_predicted = sums.setdefault(kind, [0.0, 0.0])
+        measured_predicted[0] += step.latency_s
+        measured_predicted[1] += predicted
+    return {kind: measured / predicted for kind, (measured, predicted) in sums.items()}
 
 
 def _value(run: Mapping[str, Any], path: tuple[str, ...]) -> float:
@@ -82,6 +106,7 @@ def measure_fidelity(
         compared.append(("eq2", "sim", replace(profile, decode_residual_ms=())))
     runs = {}
     overhead = float("nan")
+    over_profile: dict[str, float] = {}
     for label, runner, run_profile in compared:
         output = runners.get(runner)(
             RunRequest(scheduler, specs, run_profile, np.random.default_rng([seed, 1]), slo)
@@ -90,6 +115,7 @@ def measure_fidelity(
         runs[label] = summarize_run(key, output.requests, 0.0, slo)
         if label == "real":
             overhead = step_overhead_ms(output.steps.get(0, []))
+            over_profile = step_over_profile(output.steps.get(0, []), profile)
 
     def errors(label: str) -> dict[str, float]:
         real = runs["real"]
@@ -99,7 +125,9 @@ def measure_fidelity(
         }
 
     eq2_label = "eq2" if "eq2" in runs else "sim"
-    return FidelityResult(runs["real"], runs["sim"], errors("sim"), overhead, errors(eq2_label))
+    return FidelityResult(
+        runs["real"], runs["sim"], errors("sim"), overhead, errors(eq2_label), over_profile
+    )
 
 
 def knee_workloads(
