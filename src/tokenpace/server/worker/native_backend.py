@@ -289,6 +289,16 @@ def build_native(spec: WorkerSpec, clock: Clock) -> StepLoopBackend:
     return StepLoopBackend(engine, profile, policy, clock, choice, spec.online_calibration)
 
 
+def fixed_dtype(spec: WorkerSpec) -> str | None:
+    """The precision ``auto`` takes without measuring: the one an earlier incarnation
+    chose, else the one the given profile was measured in; None when it must measure."""
+    if spec.dtype is not None:
+        return spec.dtype
+    if spec.profile is not None and spec.profile.dtype:
+        return spec.profile.dtype
+    return None
+
+
 def _load_engine(
     config: NativeEngineConfig, spec: WorkerSpec, clock: Clock
 ) -> tuple[NativeEngine, DtypeChoice]:
@@ -300,8 +310,8 @@ def _load_engine(
     batch = max(spec.calibration.b0, DTYPE_MIN_BATCH)
     if config.dtype != AUTO:
         return NativeEngine.load(config, clock=clock), DtypeChoice(config.dtype, batch)
-    given = spec.dtype or (spec.profile.dtype if spec.profile is not None else "")
-    if given:
+    given = fixed_dtype(spec)
+    if given is not None:
         engine = NativeEngine.load(replace(config, dtype=given), clock=clock)
         return engine, DtypeChoice(given, batch)
     context = max(2, min(CALIBRATION_CONTEXT_TOKENS, config.max_model_len // 4))
