@@ -66,7 +66,11 @@ def test_live_profile_and_twp_window_follow_a_slowed_engine(loaded: LoadedModel)
     assert after > 1.6 * before, (before, l_min_after)
     # Reached within 10% of the new level within the stated steps, and kept near it (the
     # band is wider than 10% because a shared machine's speed itself drifts by that much).
-    reached = [v >= 0.9 * after for v in l_min_after].index(True)
+    # The new level is what the sleep makes of the old one (twice it), or where the
+    # estimate settled when the machine itself sped up meanwhile; a machine that slowed
+    # further moves the settled level on, not the throttle's.
+    level = min(after, 2 * before)
+    reached = [v >= 0.9 * level for v in l_min_after].index(True)
     assert reached <= FOLLOW_STEPS, l_min_after
     assert all(0.75 * after <= v <= 1.25 * after for v in l_min_after[FOLLOW_STEPS:])
     # TWP read the slower steps as congestion for a moment, then measured its slowdown

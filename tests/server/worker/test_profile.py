@@ -44,7 +44,7 @@ def test_the_reduced_sweep_fits_eq2_at_the_configured_b0() -> None:
     profile = measure_profile(probe, Calibration("m", 8, 50.0, 2048))
     # Warm-up passes at the smallest and largest batch, then 1, B0 and 2 B0.
     assert probe.decodes == [(1, 32), (16, 32), (1, 32), (8, 32), (16, 32)]
-    assert probe.prefills == [(32, 0)]
+    assert probe.prefills == [(32, 0), (128, 0)]  # the prompt length and four times it
     assert profile.l_min_ms == pytest.approx(20.0)
     assert profile.alpha_ms == pytest.approx(2.0)
     assert profile.prefill_ms_per_token == pytest.approx(0.5)
@@ -54,7 +54,7 @@ def test_the_reduced_sweep_fits_eq2_at_the_configured_b0() -> None:
 
 def test_short_models_and_few_sequences_shrink_the_sweep() -> None:
     sweep = calibration_sweep(Calibration("m", 8, 8.0, 16), KvFacts(16, 1, 10, 2048))
-    assert sweep.decode_context == 4 and sweep.prefill_chunks == (4,)
+    assert sweep.decode_context == 4 and sweep.prefill_chunks == (4, 8)  # 8: half of 16
     assert sweep.batch_sizes == (1, 8, 10)
     assert not sweep.context_lengths and sweep.mixed_batch_size == 0
     profile = measure_profile(LinearProbe(KvFacts(16, 1, 1, 2048)), Calibration("m", 1, 8.0, 16))

@@ -17,21 +17,25 @@ from tokenpace.server.worker.wire import Calibration
 
 CALIBRATION_CONTEXT_TOKENS = 32
 CALIBRATION_STEPS = 4
+PREFILL_SCALE = 4
 
 
 def calibration_sweep(calibration: Calibration, kv: KvFacts) -> SweepConfig:
     """Decode at batch 1, B0 and 2 B0 (at most ``max_num_seqs``) after 32-token prompts
-    (fewer when the model's length is short), four timed steps each after one untimed; one
-    prefill of the prompt length; no context sweep and no mixed point."""
+    (fewer when the model's length is short), four timed steps each after one untimed;
+    prefills of the prompt length and of four times it (at most half the model's length:
+    a 32-token chunk alone adds a few step-noise widths at most, and a noisy machine has
+    fitted it at 0 ms per token); no context sweep and no mixed point."""
     limit = min(kv.max_model_len, calibration.max_model_len)
     context = max(2, min(CALIBRATION_CONTEXT_TOKENS, limit // 4))
+    longer = max(context, min(PREFILL_SCALE * context, limit // 2))
     b0 = calibration.b0
     return SweepConfig(
         batch_sizes=(1, b0, max(1, min(2 * b0, kv.max_num_seqs))),
         decode_context=context,
         context_lengths=(),
         context_batch_sizes=(),
-        prefill_chunks=(context,),
+        prefill_chunks=tuple(sorted({context, longer})),
         prefill_context_starts=(0,),
         mixed_batch_size=0,
         steps_per_point=CALIBRATION_STEPS,
