@@ -162,6 +162,11 @@ class SurvivalCurve:
         return result
 
 
+def grid_step(offsets: IntArray) -> int:
+    """The spacing d of a forecast grid 0, d, 2d, .. (1 for a grid of one offset)."""
+    return int(offsets[1] - offsets[0]) if len(offsets) > 1 else 1
+
+
 @dataclass(frozen=True, slots=True)
 class StillRunning:
     """The probabilities that n requests still run at each offset of a forecast grid,
@@ -199,6 +204,13 @@ class StillRunning:
             row_at[key],
             (rep_produced, rep_produced + rep_left * step, rep_progress // span),
         )
+
+    @staticmethod
+    def to_caps(produced: IntArray, caps: IntArray, offsets: IntArray) -> StillRunning:
+        """Requests running to their caps (the ``max_tokens`` budgets), one bucket."""
+        buckets = np.zeros(len(produced), dtype=np.int64)
+        grid = StillRunning.group(produced, caps, grid_step(offsets), len(offsets), buckets)
+        return grid.until_cap(offsets)
 
     def until_cap(self, offsets: IntArray) -> StillRunning:
         """These groups running to their caps (the ``max_tokens`` budgets)."""
@@ -314,7 +326,7 @@ class OutputLengthEstimator:
         batch = list(requests)
         if not batch:
             return
-        prompts, produced, caps = _columns(batch)
+        prompts, produced, caps = request_columns(batch)
         totals = produced + self.remaining(prompts, produced, caps)
         for request, total in zip(batch, totals.tolist(), strict=True):
             self._tracked[request.request_id] = _Tracked(request, total)
@@ -340,18 +352,16 @@ class OutputLengthEstimator:
         request's progress is rounded down to a multiple of d and its tokens left up to
         one: requests of one prompt bucket that fall together then share a row, computed
         once (exact for d = 1). Before a curve is fitted: 1 until the cap, 0 from there."""
-        step = int(offsets[1] - offsets[0]) if len(offsets) > 1 else 1
         pooled = self._pooled_curve
-        curves = [c for c in self._curves if c is not None]
+        if pooled is None:
+            return StillRunning.to_caps(produced, caps, offsets)
         bucket = (
             np.searchsorted(self._edges, prompts, side="right")
-            if pooled is not None and curves
+            if any(c is not None for c in self._curves)
             else np.zeros(len(prompts), dtype=np.int64)
         )
-        grid = StillRunning.group(produced, caps, step, len(offsets), bucket)
+        grid = StillRunning.group(produced, caps, grid_step(offsets), len(offsets), bucket)
         rep_produced, rep_caps, rep_bucket = grid.representatives
-        if pooled is None:
-            return grid.until_cap(offsets)
         rows = pooled.still_running(rep_produced, rep_caps, offsets)
         self._blend(
             rows, rep_bucket, lambda c, at: c.still_running(rep_produced[at], rep_caps[at], offsets)
@@ -435,7 +445,7 @@ class OutputLengthEstimator:
         self._fitted_step = step_index
         if not self._pooled:
             return
-        prompts, own_produced, _ = _columns(running)
+        prompts, own_produced, _ = request_columns(running)
         if produced is None:
             produced = own_produced
         buckets = np.searchsorted(self._edges, prompts, side="right")
@@ -451,7 +461,7 @@ def _array(values: Iterable[int]) -> IntArray:
     return np.fromiter(values, dtype=np.int64)
 
 
-def _columns(requests: Sequence[Request]) -> tuple[IntArray, IntArray, IntArray]:
+def request_columns(requests: Sequence[Request]) -> tuple[IntArray, IntArray, IntArray]:
     """Prompt lengths, tokens produced and max_tokens of ``requests``."""
     prompts = np.array([r.num_prompt_tokens for r in requests], dtype=np.int64)
     produced = np.array([len(r.token_times_s) for r in requests], dtype=np.int64)

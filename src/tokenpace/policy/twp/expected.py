@@ -77,11 +77,7 @@ class ExpectedOutput:
         t tokens from now, for each offset t of the grid ``offsets``
         (``OutputLengthEstimator.still_running``; with budgets: 1 until its cap)."""
         if not self.enabled:
-            step = int(offsets[1] - offsets[0]) if len(offsets) > 1 else 1
-            buckets = np.zeros(len(prompts), dtype=np.int64)
-            return StillRunning.group(produced, caps, step, len(offsets), buckets).until_cap(
-                offsets
-            )
+            return StillRunning.to_caps(produced, caps, offsets)
         return self.estimator.still_running(prompts, produced, caps, offsets)
 
     def remaining_of(self, request: Request) -> float:

@@ -22,13 +22,8 @@ import numpy as np
 import numpy.typing as npt
 
 from tokenpace.core.request import Request
-from tokenpace.policy.output_length import StillRunning
-from tokenpace.policy.twp.occupancy import (
-    NUM_OFFSETS,
-    Occupancy,
-    forecast_offsets,
-    request_columns,
-)
+from tokenpace.policy.output_length import StillRunning, request_columns
+from tokenpace.policy.twp.occupancy import NUM_OFFSETS, Occupancy, forecast_offsets
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -119,7 +114,7 @@ class KvReservation:
         if self._last is not None and self._last[0] == request.request_id:
             return self._last[1]
         offsets = self._grid()
-        prompts, produced, caps = request_columns(request)
+        prompts, produced, caps = request_columns([request])
         running = self._still_running(prompts, produced, caps, offsets)
         own = Occupancy.of(prompts + produced, running, offsets, self._block_size)
         self._last = (request.request_id, own)

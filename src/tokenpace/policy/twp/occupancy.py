@@ -25,8 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from tokenpace.core.request import Request
-from tokenpace.policy.output_length import StillRunning
+from tokenpace.policy.output_length import StillRunning, grid_step
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -53,7 +52,7 @@ class Occupancy:
         """Requests holding ``current_tokens`` now (n), still running at each offset of the
         grid ``offsets`` (``forecast_offsets``) with the probabilities ``still_running``;
         see the module doc. Requests sharing a row are summed before it is applied."""
-        step = float(offsets[1] - offsets[0])
+        step = float(grid_step(offsets))
         # h_jk = a_j + t_k / block_size: the sums over requests of one row are sums of a_j.
         base = (np.asarray(current_tokens, dtype=np.float64) + step) / block_size + 1.0
         growth = offsets.astype(np.float64) / block_size
@@ -86,12 +85,3 @@ def forecast_offsets(horizon_tokens: int, num_offsets: int = NUM_OFFSETS) -> Int
         raise ValueError(f"a forecast needs at least 2 offsets, got {num_offsets}")
     step = max(1, math.ceil(horizon_tokens / num_offsets))
     return np.arange(num_offsets, dtype=np.int64) * step
-
-
-def request_columns(request: Request) -> tuple[IntArray, IntArray, IntArray]:
-    """One request as the estimator's columns: prompt tokens, output produced, cap."""
-    return (
-        np.array([request.num_prompt_tokens], dtype=np.int64),
-        np.array([len(request.token_times_s)], dtype=np.int64),
-        np.array([request.max_tokens], dtype=np.int64),
-    )
