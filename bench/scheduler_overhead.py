@@ -12,9 +12,11 @@ Each policy plans each snapshot ``--num-iters`` times, interleaved so that machi
 on all of them alike. Each call is timed twice: wall clock (``decision_us_*``, what a step
 waits) and the thread's CPU time (``cpu_us_*``, the decision's own work: on a machine shared
 with other busy processes the wall-clock tail mostly measures the time the process sat
-descheduled, and ``load_avg_1min`` says how busy the machine was). The snapshot carries the
-running requests' counters as columns the step loop keeps across steps (``RunningBatch``);
-the loop's cost of handing them over is timed too (``loop_columns_cpu_us_*``). Prints one
+descheduled, and ``load_avg_1min`` says how busy the machine was). After each decision, the
+policy's telemetry is read as every step loop reads it (``telemetry_cpu_us_*``). The
+snapshot carries the running requests' counters as columns the step loop keeps across steps
+(``RunningBatch``); the loop's cost of handing them over is timed too
+(``loop_columns_cpu_us_*``). Prints one
 JSON object on its last line: per policy and snapshot the p50/p99 (us) of both and the
 number admitted; the top-level ``decision_us_p50``, ``decision_us_p99`` and ``ratio``
 (= p50 / l_min, the share of a decode step the decision costs) are twp's on the ``full``
@@ -107,6 +109,7 @@ def run(args: Settings) -> None:
     }
     wall: dict[tuple[str, str], list[float]] = {key: [] for key in cases}
     cpu: dict[tuple[str, str], list[float]] = {key: [] for key in cases}
+    telemetry_cpu: dict[tuple[str, str], list[float]] = {key: [] for key in cases}
     admitted: dict[tuple[str, str], int] = {}
     for _ in range(args.num_iters):
         for key, (policy, snapshot) in cases.items():
@@ -115,19 +118,28 @@ def run(args: Settings) -> None:
             cpu[key].append(time.thread_time() - start_cpu)
             wall[key].append(time.perf_counter() - start)
             admitted[key] = len(plan.admit_ids)
+            start_cpu = time.thread_time()
+            dict(policy.telemetry())
+            telemetry_cpu[key].append(time.thread_time() - start_cpu)
     results: dict[str, dict[str, dict[str, float]]] = {name: {} for name in POLICY_NAMES}
     for (name, label), times in wall.items():
         p50, p99 = (float(np.percentile(times, q)) * 1e6 for q in (50, 99))
         cpu50, cpu99 = (float(np.percentile(cpu[(name, label)], q)) * 1e6 for q in (50, 99))
+        tel50, tel99 = (
+            float(np.percentile(telemetry_cpu[(name, label)], q)) * 1e6 for q in (50, 99)
+        )
         results[name][label] = {
             "decision_us_p50": round(p50, 1),
             "decision_us_p99": round(p99, 1),
             "cpu_us_p50": round(cpu50, 1),
             "cpu_us_p99": round(cpu99, 1),
+            "telemetry_cpu_us_p50": round(tel50, 1),
+            "telemetry_cpu_us_p99": round(tel99, 1),
             "num_admitted": admitted[(name, label)],
         }
         print(f"{name:8s} {label:5s} wall p50 {p50:6.0f} us p99 {p99:6.0f} us | "
               f"cpu p50 {cpu50:6.0f} us p99 {cpu99:6.0f} us | "
+              f"telemetry cpu p50 {tel50:5.0f} us p99 {tel99:5.0f} us | "
               f"admits {admitted[(name, label)]}")  # fmt: skip
     twp = results["twp"]["full"]
     # The step loop's share of the running state: turning the columns it keeps across steps

@@ -7,6 +7,7 @@ arrival, a recent enqueue step) and some have waited long enough to be force-adm
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from hypothesis import strategies as st
@@ -15,6 +16,8 @@ from tests.helpers import running
 from tokenpace.core.queue import WaitingQueue
 from tokenpace.core.request import Request
 from tokenpace.core.step import StepState
+from tokenpace.policy.twp.policy import TwpPolicy
+from tokenpace.policy.twp_slo.policy import TwpSloPolicy
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,3 +115,11 @@ def _prefilling(j: int, runner: Runner) -> Request:
     r = Request(1000 + j, runner.prompt, runner.max_tokens, 0.0)
     r.num_computed_tokens = runner.prompt // 2
     return r
+
+
+def telemetry_with_forecast(policy: TwpPolicy | TwpSloPolicy) -> Mapping[str, float]:
+    """``policy``'s telemetry with this step's KV forecast computed: telemetry leaves the
+    forecast out on steps that never needed it, and a reference implementation may test the
+    cache where the fast path has already decided without it."""
+    _ = policy.reservation.reserved_blocks
+    return policy.telemetry()

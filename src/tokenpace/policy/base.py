@@ -21,7 +21,8 @@ class Policy(Protocol):
     it, so an idle server never stalls. It may refuse waiting requests it does not admit
     and that were never served (``StepPlan.rejections``, ``Request.can_be_rejected``); the
     loop ends them as REJECTED. ``telemetry`` returns the policy's internal state
-    (numbers only) after the last ``plan``.
+    (numbers only) after the last ``plan``; loops read it every step, so it must be cheap: a
+    value that only some steps compute (TWP's KV forecast) is reported on those steps only.
     """
 
     name: str

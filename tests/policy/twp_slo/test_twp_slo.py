@@ -78,6 +78,21 @@ def test_budget_is_shared_by_prefills_and_closes_admission(paper_profile: Engine
     assert plan.num_scheduled_tokens[0] == 100 and plan.num_scheduled_tokens[1] == 46
 
 
+def test_telemetry_reports_the_kv_forecast_only_on_steps_that_computed_it(
+    paper_profile: EngineProfile,
+) -> None:
+    policy = TwpSloPolicy(config(paper_profile), paper_profile)
+    decoding = [running(100 + i, 10, 500, 1) for i in range(20)]
+    policy.plan(state([], decoding))  # nothing waits: no admission tests the cache
+    assert "kv_reserved_blocks" not in policy.telemetry()
+    policy.plan(state([request(0, prompt=100)], decoding))
+    telemetry = policy.telemetry()
+    assert telemetry["kv_reserved_blocks"] == policy.reservation.reserved_blocks > 0
+    assert telemetry["kv_margin_blocks"] == policy.reservation.margin_blocks
+    policy.plan(state([], decoding))  # a new step forgets the last one's forecast
+    assert "kv_margin_blocks" not in policy.telemetry()
+
+
 def test_deadline_ranking_puts_feasible_first_least_slack_first(
     paper_profile: EngineProfile,
 ) -> None:

@@ -89,6 +89,15 @@ class KvReservation:
         peak = int(np.argmax(batch.mean))
         return float(self.sigmas * np.sqrt(batch.variance[peak]))
 
+    def telemetry(self) -> dict[str, float]:
+        """``kv_reserved_blocks`` (``reserved_blocks``) and ``kv_margin_blocks``
+        (``margin_blocks``) when this step has already computed its forecast (an admission
+        test, or a read of either property); empty otherwise, so that reading a policy's
+        telemetry every step never pays for a forecast that no admission needed."""
+        if self._batch is None:
+            return {}
+        return {"kv_reserved_blocks": self.reserved_blocks, "kv_margin_blocks": self.margin_blocks}
+
     def admits(self, request: Request) -> bool:
         """True if ``request`` admitted now keeps the forecast within the cache."""
         return self._fits(self._of(request))

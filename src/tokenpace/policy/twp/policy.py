@@ -174,8 +174,7 @@ class TwpPolicy:
             "kv_threshold_blocks": self.kv_guard.threshold_blocks,
             "token_load": self._token_load,
             "num_forced": float(self._num_forced),
-            "kv_reserved_blocks": float(self.reservation.reserved_blocks),
-            "kv_margin_blocks": self.reservation.margin_blocks,
+            **self.reservation.telemetry(),
             **self.expected.telemetry(),
         }
 

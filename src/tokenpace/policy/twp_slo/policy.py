@@ -364,8 +364,7 @@ class TwpSloPolicy:
             "latency_calibration": self._calibration,
             "kv_threshold_blocks": self.kv_guard.threshold_blocks,
             "num_forced": float(self._num_forced),
-            "kv_reserved_blocks": float(self.reservation.reserved_blocks),
-            "kv_margin_blocks": self.reservation.margin_blocks,
+            **self.reservation.telemetry(),
             **self.expected.telemetry(),
         }
 
