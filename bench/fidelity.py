@@ -1,7 +1,8 @@
 """Simulator fidelity against each real engine at 0.5x, 1.0x and 1.5x of the engine's knee.
 
-For each engine (``--engines``, default native and vllm): its fitted profile (profiled once
-through its serving backend and cached under the cache dir), the knee of one server with
+For each engine (``--engines``, default native and vllm): its fitted profile (profiled
+through its serving backend and cached under the cache dir, profiled again when older than
+``--profile-max-age-h``), the knee of one server with
 that profile on the paper's main-experiment mixtures (measured on the simulator, as
 ``tokenpace bench`` measures capacity), then the same workload and seed (``--requests``
 Poisson arrivals at each load) on the real engine and on the simulator under
@@ -36,7 +37,7 @@ from tokenpace.bench.engine_runner import prepare_process
 from tokenpace.bench.fidelity import knee_workloads, measure_fidelity
 from tokenpace.bench.runners import RunnerSet
 from tokenpace.cli.command import run_command
-from tokenpace.core.cache import default_cache_dir
+from tokenpace.core.cache import age_s, default_cache_dir
 from tokenpace.core.config import option
 from tokenpace.engine.profile import EngineProfile, load_profile
 from tokenpace.metrics.slo import scaled_slo
@@ -75,11 +76,18 @@ def fidelity_sweep(engine: str) -> SweepConfig:
     )  # fmt: skip
 
 
-def engine_profile(engine: str, cache_dir: Path, quick: bool) -> EngineProfile:
-    """The engine's fitted profile, profiled on first use and cached."""
+def engine_profile(
+    engine: str, cache_dir: Path, quick: bool, max_age_s: float = float("inf"),
+    now_s: float = 0.0,
+) -> EngineProfile:  # fmt: skip
+    """The engine's fitted profile, cached; profiled when none is cached or the cached one
+    was written more than ``max_age_s`` seconds before ``now_s`` (seconds since the
+    epoch)."""
     path = cache_dir / "profiles" / f"{engine}-{'quick' if quick else 'sweep'}.json"
-    if not path.is_file():
-        print(f"{engine}: profiling into {path}", file=sys.stderr, flush=True)
+    age = age_s(path, now_s)
+    if age is None or age > max_age_s:
+        why = "none cached" if age is None else f"the cached one is {age / 3600:.1f} h old"
+        print(f"{engine}: profiling into {path} ({why})", file=sys.stderr, flush=True)
         sweep = QUICK_SWEEP if quick else fidelity_sweep(engine)
         run_profile(
             engine, path, sweep=sweep, measure_checkpoints=False,
@@ -100,10 +108,18 @@ class Settings:
     slo_ttft_ms: float | None = option(None, "TTFT SLO of the knee (default scaled to l_min).")
     slo_tpot_ms: float | None = option(None, "TPOT SLO of the knee (default scaled to l_min).")
     cache_dir: Path | None = option(None, "Profiles and knees cache.")
+    profile_max_age_h: float = option(
+        1.0,
+        "Profile an engine again when its cached profile is older than this (hours; 0: every "
+        "run): the simulator replays with the profile, so a drift of the machine's speed "
+        "since it was measured shows as the simulator's error.",
+    )
 
     def __post_init__(self) -> None:
         if self.requests is not None and self.requests < 2:
             raise ValueError(f"--requests must be at least 2, got {self.requests}")
+        if not self.profile_max_age_h >= 0:
+            raise ValueError(f"--profile-max-age-h must be >= 0, got {self.profile_max_age_h}")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -124,7 +140,8 @@ def run(args: Settings) -> None:
     started = time.monotonic()
     result: dict[str, dict[str, dict[str, float]]] = {}
     for engine in engines:
-        profile = engine_profile(engine, cache_dir, args.quick)
+        max_age_s = args.profile_max_age_h * 3600
+        profile = engine_profile(engine, cache_dir, args.quick, max_age_s, time.time())
         reference = load_profile(REFERENCE_PROFILE)
         slo = scaled_slo(profile, reference, args.slo_ttft_ms, args.slo_tpot_ms)
         try:

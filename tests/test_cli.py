@@ -281,6 +281,7 @@ def test_bench_scripts_share_the_mechanism(script: str, choice: str, tmp_path: P
         ("bench", ["--engine", "tgi"], "--engine 'tgi' is not a valid choice; valid choices: "),
         ("bench", ["--seeds", "many"], "--seeds 'many' is not an integer"),
         ("bench", ["--keep-alive", "0"], "--keep-alive must be > 0, got 0.0"),
+        ("bench", ["--profile-max-age-h", "-1"], "--profile-max-age-h must be >= 0, got -1.0"),
         ("bench", ["--fidelity"], "--fidelity compares a real engine with the simulator"),
         ("bench", ["--nope"], "unrecognized arguments: --nope"),
         ("profile", ["--engine", "sim"], "--engine 'sim' is not a valid choice; valid choices: "),

@@ -84,3 +84,35 @@ def test_vllm_runs_main_and_high_only(
     parts, note = real_engine_parts(options, plan_options(options, paper_profile))
     assert [[w.name for w in p.workloads] for p in parts] == [["main", "high"]]
     assert "(as given)" in note and "native engine only" in note
+
+
+def test_a_cached_engine_profile_is_used_until_it_is_too_old(
+    paper_profile: EngineProfile, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tokenpace.bench.engine_runner as engine_runner
+    import tokenpace.profiling as profiling
+    from tokenpace.cli.bench import ENGINE_PROFILE_FILES, cached_engine_profile
+
+    path = tmp_path / "profiles" / ENGINE_PROFILE_FILES["native"]
+    path.parent.mkdir()
+    path.write_text(replace(paper_profile, name="cached").to_json())
+    written_s = path.stat().st_mtime
+    profiled: list[Path] = []
+
+    def profile_again(engine: str, out: Path, **_: object) -> None:
+        # Stands in for profiling a loaded engine: the decision is under test, not the sweep.
+        profiled.append(out)
+        out.write_text(replace(paper_profile, name="fresh").to_json())
+
+    monkeypatch.setattr(profiling, "run_profile", profile_again)
+    monkeypatch.setattr(engine_runner, "prepare_process", lambda engine: None)
+    young = cached_engine_profile("native", tmp_path, 3600.0, written_s + 3599.0)
+    assert young.name == "cached" and not profiled
+    old = cached_engine_profile("native", tmp_path, 3600.0, written_s + 3601.0)
+    assert old.name == "fresh" and profiled == [path]
+
+
+def test_the_profile_age_limit_is_checked() -> None:
+    assert BenchOptions(engine="native", profile_max_age_h=0.0).profile_max_age_h == 0.0
+    with pytest.raises(ValueError, match=r"profile_max_age_h must be >= 0, got -1\.0"):
+        BenchOptions(engine="native", profile_max_age_h=-1.0)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-from tokenpace.core.cache import default_cache_dir
+from tokenpace.core.cache import age_s, default_cache_dir
 from tokenpace.core.process_env import PROCESS_DEFAULTS, apply_process_defaults
 
 
@@ -30,3 +31,11 @@ def test_native_engine_checkpoints_share_the_cache_dir(
     monkeypatch.setenv("TOKENPACE_CACHE_DIR", str(tmp_path))
     assert NativeEngineConfig().resolved_cache_dir() == tmp_path
     assert NativeEngineConfig(cache_dir=tmp_path / "x").resolved_cache_dir() == tmp_path / "x"
+
+
+def test_age_of_a_cached_file(tmp_path: Path) -> None:
+    path = tmp_path / "profile.json"
+    assert age_s(path, 1e9) is None
+    path.write_text("{}")
+    os.utime(path, (1_000_000.0, 1_000_000.0))
+    assert age_s(path, 1_003_600.0) == 3600.0

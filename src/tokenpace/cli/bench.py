@@ -22,7 +22,7 @@ from tokenpace.cli.bench_options import DEFAULT_PROFILE, BenchOptions
 from tokenpace.cli.bench_trace import trace_part
 from tokenpace.cli.spec import UsageError
 from tokenpace.cli.summary_table import print_summary
-from tokenpace.core.cache import default_cache_dir
+from tokenpace.core.cache import age_s, default_cache_dir
 from tokenpace.engine.profile import EngineProfile, load_profile
 from tokenpace.metrics.qoe import QoeConfig
 from tokenpace.pool.config import PoolConfig
@@ -41,14 +41,19 @@ def resolve_profile(value: str) -> EngineProfile:
         raise UsageError(f"--profile: {error}") from None
 
 
-def cached_engine_profile(engine: str, cache_dir: Path) -> EngineProfile:
-    """``engine``'s fitted profile under ``cache_dir``/profiles, profiled on first use
-    through its serving backend, on the engine config the bench runs (``SETUPS``): the
-    engine's default sweep with three passes over the decode batch sizes, each size keeping
-    its median pass."""
+def cached_engine_profile(
+    engine: str, cache_dir: Path, max_age_s: float, now_s: float
+) -> EngineProfile:
+    """``engine``'s fitted profile under ``cache_dir``/profiles, profiled through its
+    serving backend when there is none or the cached one was written more than
+    ``max_age_s`` seconds before ``now_s`` (seconds since the epoch), on the engine config
+    the bench runs (``SETUPS``): the engine's default sweep with three passes over the
+    decode batch sizes, each size keeping its median pass."""
     path = cache_dir / "profiles" / ENGINE_PROFILE_FILES[engine]
-    if not path.is_file():
-        print(f"profiling the {engine} engine once into {path} (minutes)", file=sys.stderr)
+    age = age_s(path, now_s)
+    if age is None or age > max_age_s:
+        why = "none cached" if age is None else f"the cached one is {age / 3600:.1f} h old"
+        print(f"profiling the {engine} engine into {path} ({why}; minutes)", file=sys.stderr)
         try:
             from tokenpace.bench.engine_runner import SETUPS, prepare_process
             from tokenpace.profiling import run_profile
@@ -70,13 +75,15 @@ def cached_engine_profile(engine: str, cache_dir: Path) -> EngineProfile:
     return resolve_profile(str(path))
 
 
-def engine_profile(options: BenchOptions) -> EngineProfile:
-    """``--profile``, else a real engine's fitted one, else the default shipped one."""
+def engine_profile(options: BenchOptions, now_s: float) -> EngineProfile:
+    """``--profile``, else a real engine's fitted one (``cached_engine_profile``, at most
+    ``--profile-max-age-h`` old at ``now_s``), else the default shipped one."""
     if options.profile is not None:
         return resolve_profile(options.profile)
     if options.engine in ENGINE_PROFILE_FILES:
         cache_dir = options.cache_dir if options.cache_dir is not None else default_cache_dir()
-        return cached_engine_profile(options.engine, cache_dir)
+        max_age_s = options.profile_max_age_h * 3600
+        return cached_engine_profile(options.engine, cache_dir, max_age_s, now_s)
     return resolve_profile(DEFAULT_PROFILE)
 
 
@@ -169,7 +176,7 @@ def execute(parts: list[MatrixConfig], options: BenchOptions, notes: list[str]) 
 def run(options: BenchOptions) -> None:
     """Compare schedulers. Default: the paper's main experiment (Poisson 18 req/s, 60 s,
     <= 250 requests) for five schedulers over 10 seeds on the simulator."""
-    plan = plan_options(options, engine_profile(options))
+    plan = plan_options(options, engine_profile(options, time.time()))
     if options.fidelity:
         run_fidelity(options, plan)
         return

@@ -45,9 +45,15 @@ class BenchOptions:
     profile: str | None = option(
         None,
         "Shipped profile name or profile JSON (default: v100-llama-3.2-3b; with a real "
-        "--engine the engine's fitted profile, profiled once and cached).",
+        "--engine the engine's fitted profile, cached; see --profile-max-age-h).",
         metavar="NAME|FILE",
         known=shipped_profiles,
+    )
+    profile_max_age_h: float = option(
+        1.0,
+        "With a real --engine and no --profile: profile the engine again when its cached "
+        "profile is older than this (hours; 0: every run). A CPU's speed drifts by tens of "
+        "percent within an hour, and a stale profile sizes the loads and the policies wrong.",
     )
     engine: str = option(
         "sim",
@@ -110,6 +116,10 @@ class BenchOptions:
                 raise ValueError(f"BenchOptions.{name} must be > 0, got {value!r}")
         if self.seed < 0:
             raise ValueError(f"BenchOptions.seed must be >= 0, got {self.seed}")
+        if not self.profile_max_age_h >= 0:
+            raise ValueError(
+                f"BenchOptions.profile_max_age_h must be >= 0, got {self.profile_max_age_h!r}"
+            )
         if self.qoe_ttft_s < 0:
             raise ValueError(f"BenchOptions.qoe_ttft_s must be >= 0, got {self.qoe_ttft_s}")
         if not 0 <= self.warm_containers <= self.containers:

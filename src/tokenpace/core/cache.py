@@ -16,3 +16,12 @@ def default_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
         return Path(env["TOKENPACE_CACHE_DIR"])
     base = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "tokenpace"
+
+
+def age_s(path: Path, now_s: float) -> float | None:
+    """Seconds since ``path`` was last written, at ``now_s`` (seconds since the epoch, the
+    clock file times use); None when there is no such file."""
+    try:
+        return now_s - path.stat().st_mtime
+    except FileNotFoundError:
+        return None
