@@ -93,11 +93,16 @@ class ReferenceTwpSlo(TwpSloPolicy):
         self._budget = float(budget)
         scheduled = {r.request_id: 1 for r in state.running if r not in prefilling}
         chunks: list[tuple[int, int]] = []
-        for r in prefilling:
-            tokens = self._chunk(r)
-            if tokens:
-                scheduled[r.request_id] = tokens
-                chunks.append((tokens, r.num_computed_tokens))
+        late = self._late_prefills(prefilling, state)
+
+        def grant(requests: list[Request]) -> None:
+            for r in requests:
+                tokens = self._chunk(r)
+                if tokens:
+                    scheduled[r.request_id] = tokens
+                    chunks.append((tokens, r.num_computed_tokens))
+
+        grant([r for r in prefilling if all(r is not x for x in late)])
         reservation = self._begin_reservation(RunningColumns.of(state.running), state)
         admitted: list[Request] = []
         forced: list[int] = []
@@ -124,9 +129,12 @@ class ReferenceTwpSlo(TwpSloPolicy):
                 scheduled[request.request_id] = tokens
                 chunks.append((tokens, request.num_computed_tokens))
             skip = set(forced_positions.tolist())
-            keys = self._reference_keys(state, budget, skip)
+            keys = self._reference_keys(state, budget, skip, late)
             order = [int(i) for i in np.argsort(-keys, kind="stable") if i not in skip]
             for request in waiting.request_at(order):
+                if late and self._is_late(request, request.num_prompt_tokens, state):
+                    grant(late)
+                    late = []
                 need = state.blocks_for(request.num_tokens)
                 has_room = len(state.running) + len(admitted) < capacity
                 idle = not state.running and not admitted
@@ -142,6 +150,7 @@ class ReferenceTwpSlo(TwpSloPolicy):
                     reservation.add(request)
                 scheduled[request.request_id] = tokens
                 chunks.append((tokens, request.num_computed_tokens))
+        grant(late)
         self.expected.admitted(admitted)
         self._num_forced = len(forced)
         self._predicted_ms = self._reference_predict_ms(num_decoding, chunks)
@@ -152,14 +161,18 @@ class ReferenceTwpSlo(TwpSloPolicy):
         )
 
     def _reference_keys(
-        self, state: StepState, budget: int, excluded: set[int]
+        self, state: StepState, budget: int, excluded: set[int], late: list[Request]
     ) -> npt.NDArray[np.float64]:
         cfg = self.config
         if cfg.use_deadline_ranking:
             per_step = budget if cfg.use_prefill_budget else cfg.min_prefill_tokens
             args = (state.waiting, state.now_s, cfg.ttft_slo_ms / 1000, cfg.itl_target_ms / 1000)
             if cfg.use_deferral:
-                backlog = sum(r.num_uncomputed_tokens for r in state.running if r.is_prefilling)
+                backlog = sum(
+                    r.num_uncomputed_tokens
+                    for r in state.running
+                    if r.is_prefilling and all(r is not x for x in late)
+                )
                 return reference_deferral_keys(*args, per_step, float(backlog), excluded)
             return reference_keys(*args, per_step)
         running = state.running

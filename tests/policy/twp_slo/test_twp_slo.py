@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.helpers import request, running, state
+from tokenpace.core.request import Request, RequestStatus
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.metrics.slo import Slo
 from tokenpace.policy.twp_slo.config import TwpSloConfig
@@ -91,6 +92,53 @@ def test_telemetry_reports_the_kv_forecast_only_on_steps_that_computed_it(
     assert telemetry["kv_margin_blocks"] == policy.reservation.margin_blocks
     policy.plan(state([], decoding))  # a new step forgets the last one's forecast
     assert "kv_margin_blocks" not in policy.telemetry()
+
+
+def _prefilling(request_id: int, prompt: int, computed: int, arrival_s: float) -> Request:
+    r = Request(request_id, prompt, 50, arrival_s)
+    r.status = RequestStatus.RUNNING
+    r.num_computed_tokens = computed
+    return r
+
+
+@pytest.mark.parametrize("yields", [True, False])
+def test_a_prefill_that_can_no_longer_meet_the_ttft_yields_to_one_that_can(
+    paper_profile: EngineProfile, yields: bool
+) -> None:
+    policy = TwpSloPolicy(config(paper_profile, use_late_yield=yields), paper_profile)
+    decoding = [running(100 + i, 10, 500, 1) for i in range(20)]  # budget 146 tokens
+    # 1.9 s after arriving, 900 tokens (7 steps of 80 ms) still to prefill: late.
+    late = _prefilling(0, 1000, 100, arrival_s=0.0)
+    on_time = request(1, prompt=100, arrival_s=1.8)  # 0.1 s waited, one step of prefill
+    plan = policy.plan(state([on_time], [*decoding, late], now_s=1.9))
+    if yields:
+        assert plan.admit_ids == (1,)
+        assert plan.num_scheduled_tokens[1] == 100 and plan.num_scheduled_tokens[0] == 46
+    else:
+        # The whole budget: 145 tokens after its 100 cached ones (attention), none left.
+        assert plan.admit_ids == () and plan.num_scheduled_tokens[0] == 145
+
+
+def test_a_late_prefill_goes_before_waiting_requests_that_are_late_too(
+    paper_profile: EngineProfile,
+) -> None:
+    policy = TwpSloPolicy(config(paper_profile), paper_profile)
+    decoding = [running(100 + i, 10, 500, 1) for i in range(20)]
+    late = _prefilling(0, 1000, 100, arrival_s=0.0)
+    later = request(1, prompt=100, arrival_s=-1.0)  # waited 2.9 s: late as well
+    plan = policy.plan(state([later], [*decoding, late], now_s=1.9))
+    assert plan.num_scheduled_tokens[0] == 145 and plan.admit_ids == ()
+
+
+def test_a_late_prefill_in_the_system_for_max_wait_steps_yields_no_more(
+    paper_profile: EngineProfile,
+) -> None:
+    policy = TwpSloPolicy(config(paper_profile, max_wait_steps=600), paper_profile)
+    decoding = [running(100 + i, 10, 500, 1) for i in range(20)]
+    late = _prefilling(0, 1000, 100, arrival_s=0.0)
+    on_time = request(1, prompt=100, arrival_s=1.8, enqueued_step=600)
+    plan = policy.plan(state([on_time], [*decoding, late], now_s=1.9, step_index=600))
+    assert plan.num_scheduled_tokens[0] == 145 and plan.admit_ids == ()
 
 
 def test_deadline_ranking_puts_feasible_first_least_slack_first(

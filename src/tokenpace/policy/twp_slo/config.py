@@ -44,6 +44,11 @@ class TwpSloConfig:
     use_deferral: bool = option(
         True, "Overload-aware order: defer the longest prompts that would make others late."
     )
+    use_late_yield: bool = option(
+        True,
+        "A prefilling request that can no longer meet the TTFT objective yields the step's "
+        "prefill budget to the requests that still can (deadline ranking only).",
+    )
     use_output_estimate: bool = option(
         True, "Expected output from finished requests, not max_tokens, for KV and ranking."
     )

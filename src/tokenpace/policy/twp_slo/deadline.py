@@ -39,6 +39,20 @@ _SCAN_LIMIT = 64
 _WAIT_MARGIN_S = 1e-6
 
 
+def ttft_slack_s(
+    arrival_s: npt.ArrayLike, prefill_tokens: npt.ArrayLike, now_s: float, ttft_slo_s: float,
+    step_s: float, prefill_tokens_per_step: float,
+) -> npt.NDArray[np.float64]:  # fmt: skip
+    """Seconds a request can still spare before its first token is due: the objective,
+    minus its wait so far, minus the steps of ``step_s`` that prefilling ``prefill_tokens``
+    takes at ``prefill_tokens_per_step`` (at least 1) per step; negative when it can no
+    longer meet the objective. Element-wise (a 0-d array for scalars)."""
+    tokens = np.asarray(prefill_tokens, dtype=np.float64)
+    steps = np.ceil(tokens / max(1.0, prefill_tokens_per_step))
+    waited = now_s - np.asarray(arrival_s, dtype=np.float64)
+    return np.asarray(ttft_slo_s - waited - steps * step_s, dtype=np.float64)
+
+
 def deadline_keys(
     waiting: WaitingQueue,
     now_s: float,
@@ -47,8 +61,10 @@ def deadline_keys(
     prefill_tokens_per_step: float,
 ) -> npt.NDArray[np.float64]:
     """Higher key = admit sooner. Equal keys resolve in queue order (argmax semantics)."""
-    steps = np.ceil(waiting.num_prompt_tokens / max(1.0, prefill_tokens_per_step))
-    slack = ttft_slo_s - (now_s - waiting.arrival_s) - steps * step_s
+    slack = ttft_slack_s(
+        waiting.arrival_s, waiting.num_prompt_tokens, now_s, ttft_slo_s, step_s,
+        prefill_tokens_per_step,
+    )  # fmt: skip
     position = np.arange(len(slack), dtype=np.float64)
     # Shorter max_tokens breaks ties between equal slack (rare: continuous arrivals).
     feasible_key = _FEASIBLE_OFFSET - slack - waiting.max_tokens * 1e-9
@@ -80,8 +96,10 @@ def deadline_order(
     # prefill, so the key is minus the position.
     maybe = arrived_since(waiting, now_s - ttft_slo_s - _WAIT_MARGIN_S)
     maybe = maybe[~skip[maybe]]
-    steps = np.ceil(waiting.num_prompt_tokens[maybe] / max(1.0, prefill_tokens_per_step))
-    slack = ttft_slo_s - (now_s - waiting.arrival_s[maybe]) - steps * step_s
+    slack = ttft_slack_s(
+        waiting.arrival_s[maybe], waiting.num_prompt_tokens[maybe], now_s, ttft_slo_s, step_s,
+        prefill_tokens_per_step,
+    )  # fmt: skip
     feasible = maybe[slack >= 0]
     if backlog_tokens is not None:
         on_time, deferred = moore_hodgson(

@@ -23,7 +23,7 @@ from tokenpace.policy.twp.kv_guard import KvHeadroomGuard
 from tokenpace.policy.twp.kv_reservation import KvReservation
 from tokenpace.policy.twp.ranking import ranked, starving_positions
 from tokenpace.policy.twp_slo.config import TwpSloConfig
-from tokenpace.policy.twp_slo.deadline import deadline_order
+from tokenpace.policy.twp_slo.deadline import deadline_order, ttft_slack_s
 from tokenpace.policy.twp_slo.prefill_budget import PrefillBudget
 from tokenpace.policy.twp_slo.rejection import ServiceOutlook, early_rejections
 from tokenpace.policy.twp_slo.window import RequestWindow
@@ -40,9 +40,12 @@ class TwpSloPolicy:
     prefill budget remains, closing at the first failure; (5) spend the step's prefill budget
     (``PrefillBudget``: the ITL target minus the decode batch's predicted latency, paid at the
     profile's per-token and attention costs; ``max_prefill_tokens`` when nothing decodes) on
-    prefilling requests in admission order, so the step's predicted latency never exceeds
-    the target; (6) one token per decoding request. The running requests' counters come as
-    columns (``StepState.running_columns``), so none of this loops over the batch in Python.
+    the prefilling requests in admission order, then on the admitted ones in rank order, so
+    the step's predicted latency never exceeds the target; a prefilling request that can no
+    longer meet the TTFT objective waits until every request that still can has had its
+    share (``use_late_yield``); (6) one token per decoding request. The running requests'
+    counters come as columns (``StepState.running_columns``), so none of this loops over the
+    batch in Python.
 
     Cost with a long queue: when the window is full, the budget spent or the smallest
     request fails the KV guard, nobody can be admitted and the ranking is skipped; otherwise
@@ -99,12 +102,10 @@ class TwpSloPolicy:
             )
         else:
             self._budget = float(cfg.min_prefill_tokens)
-        prefill_ms = 0.0
-        for r in (running[i] for i in prefilling_at.tolist()):
-            tokens = self._chunk(r)
-            if tokens:
-                scheduled[r.request_id] = tokens
-                prefill_ms += budget.cost_ms(tokens, r.num_computed_tokens)
+        prefilling = [running[i] for i in prefilling_at.tolist()]
+        late = self._late_prefills(prefilling, state)
+        late_ids = {r.request_id for r in late}
+        prefill_ms = self._grant([r for r in prefilling if r.request_id not in late_ids], scheduled)
         remaining = self.expected.remaining_for(columns.prompts, columns.produced, columns.caps)
         reservation = self._begin_reservation(columns, state)
 
@@ -154,8 +155,14 @@ class TwpSloPolicy:
             )
             if may_admit:
                 backlog = float(columns.uncomputed[prefilling_at].sum())
+                backlog -= sum(r.num_uncomputed_tokens for r in late)
                 candidates = self._candidates(state, int(self._budget), excluded, backlog)
                 for request in candidates:
+                    if late and self._is_late(request, request.num_prompt_tokens, state):
+                        # The rest of the ranking cannot meet the objective either: the
+                        # running ones that cannot go first, then these.
+                        prefill_ms += self._grant(late, scheduled)
+                        late = []
                     has_room = len(running) + len(admitted) < capacity
                     idle = not running and not admitted
                     need = state.blocks_for(request.num_tokens)
@@ -172,6 +179,7 @@ class TwpSloPolicy:
                         reservation.add(request)
                     scheduled[request.request_id] = tokens
                     prefill_ms += budget.cost_ms(tokens, request.num_computed_tokens)
+        prefill_ms += self._grant(late, scheduled)
         self.expected.admitted(admitted)
         self._num_forced = len(forced)
         self._predicted_ms = self._latency.decode_ms(num_decoding) + attention_ms + prefill_ms
@@ -209,6 +217,46 @@ class TwpSloPolicy:
         )
         none = np.zeros(0, dtype=np.intp)
         return tuple(early_rejections(waiting, state.now_s, cfg.ttft_slo_ms / 1000, outlook, none))
+
+    def _grant(self, prefilling: Sequence[Request], scheduled: dict[int, int]) -> float:
+        """Spend the budget on ``prefilling`` in order (``_chunk``), recording each chunk in
+        ``scheduled``; returns the chunks' predicted cost (ms)."""
+        cost_ms = 0.0
+        for request in prefilling:
+            tokens = self._chunk(request)
+            if tokens:
+                scheduled[request.request_id] = tokens
+                cost_ms += self.budget.cost_ms(tokens, request.num_computed_tokens)
+        return cost_ms
+
+    def _late_prefills(self, prefilling: Sequence[Request], state: StepState) -> list[Request]:
+        """The prefilling requests that yield the budget this step (``use_late_yield``, with
+        the deadline ranking): those without a first token that can no longer meet the TTFT
+        objective (``_is_late`` on their uncomputed prompt) and have been in the system
+        fewer than ``max_wait_steps`` steps, the bound on any wait. Their first token is
+        late whatever happens; the budget they leave goes to requests still on time."""
+        cfg = self.config
+        if not (cfg.use_late_yield and cfg.use_deadline_ranking):
+            return []
+        return [
+            r
+            for r in prefilling
+            if not r.token_times_s
+            and state.step_index - r.enqueued_step < cfg.max_wait_steps
+            and self._is_late(r, r.num_uncomputed_tokens, state)
+        ]
+
+    def _is_late(self, request: Request, prefill_tokens: int, state: StepState) -> bool:
+        """Whether ``request`` can no longer meet the TTFT objective with ``prefill_tokens``
+        still to prefill, at this step's budget per step of the ITL target (the deadline
+        ranking's feasibility test, ``deadline.ttft_slack_s``)."""
+        cfg = self.config
+        per_step = int(self._budget) if cfg.use_prefill_budget else cfg.min_prefill_tokens
+        slack = ttft_slack_s(
+            request.arrival_s, prefill_tokens, state.now_s, cfg.ttft_slo_ms / 1000,
+            cfg.itl_target_ms / 1000, per_step,
+        )  # fmt: skip
+        return bool(slack < 0)
 
     def _chunk(self, request: Request) -> int:
         """Tokens ``request`` computes this step: what the budget left pays for, or the fixed
@@ -378,6 +426,7 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "twp_slo-no_output_estimate": {"use_output_estimate": False},
     "twp_slo-no_kv_reservation": {"use_kv_reservation": False},
     "twp_slo-no_deferral": {"use_deferral": False},
+    "twp_slo-no_late_yield": {"use_late_yield": False},
 }
 # Opt-in changes, off in ``twp_slo`` itself: each variant switches one on.
 OPT_INS: dict[str, dict[str, Any]] = {
