@@ -63,6 +63,32 @@ def test_equal_fixed_chunks_are_reproduced_and_vllms_budget_is_never_exceeded() 
     assert capped.token_budget == 256
 
 
+def test_a_prefill_the_plan_served_after_a_new_request_sits_the_step_out() -> None:
+    # twp_slo gave the new request 100 tokens first and the late running prefill the 46 left;
+    # vLLM would visit the running one first and give it 100.
+    needed = [900, 1, 1]
+    limits = step_token_limits(needed, [46, 1, 1], admitted_planned=[100], max_budget=1024)
+    assert limits.running_order == (1, 2)
+    given, new = greedy_pass(
+        needed, limits.running_order, limits.token_budget, limits.long_prefill_threshold, [400]
+    )
+    assert given == {1: 1, 2: 1} and new == [100]
+    # Behind another running prefill the plan's order is vLLM's: both keep their chunks.
+    needed = [500, 900, 1]
+    limits = step_token_limits(needed, [100, 46, 1], admitted_planned=[], max_budget=1024)
+    given, _ = greedy_pass(
+        needed, limits.running_order, limits.token_budget, limits.long_prefill_threshold, []
+    )
+    assert given == {2: 1, 0: 100, 1: 46}
+    # Served after a running prefill that vLLM visits later: it sits out.
+    needed = [900, 500, 1]
+    limits = step_token_limits(needed, [46, 100, 1], admitted_planned=[], max_budget=1024)
+    given, _ = greedy_pass(
+        needed, limits.running_order, limits.token_budget, limits.long_prefill_threshold, []
+    )
+    assert given == {2: 1, 1: 100}
+
+
 def test_requests_the_policy_does_not_see_get_what_they_need() -> None:
     limits = step_token_limits([1, 40], [1, None], admitted_planned=[], max_budget=1024)
     assert limits.token_budget == 41

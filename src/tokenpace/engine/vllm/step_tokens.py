@@ -8,7 +8,9 @@ plan. These limits make vLLM's greedy pass give the same totals: the decoding re
 first (one token each, none starved by an earlier prefill), then the prefilling ones in the
 policy's order, and a request the plan gives no tokens is left out of the pass; the step's
 token budget is the plan's total and the per-request cap its largest prefill chunk, so no
-step carries more prefill than the plan paid for.
+step carries more prefill than the plan paid for. vLLM visits running requests before new
+ones, so a running prefill the plan served after a request vLLM visits later sits the step
+out rather than take that request's tokens.
 """
 
 from __future__ import annotations
@@ -59,9 +61,24 @@ def step_token_limits(
     prefilling = [i for i in visited if needed[i] > 1]
     running_tokens = [n if p is None else min(p, n) for n, p in zip(needed, planned, strict=True)]
     chunks = [running_tokens[i] for i in prefilling] + [t for t in admitted_planned if t > 0]
+    cap = max(chunks) if chunks and max(chunks) > 0 else None
+    # vLLM gives a prefilling request min(need, cap, budget left) when it visits it. One the
+    # plan gave less than min(need, cap) while a request vLLM visits later (a prefilling one
+    # behind it, or a new one) has tokens was served after that one (twp_slo serves a
+    # prefill that can no longer meet its TTFT after those that can): vLLM cannot, so it
+    # sits the step out and its tokens go unused.
+    kept: list[int] = []
+    later = any(t > 0 for t in admitted_planned)
+    for i in reversed(prefilling):
+        tokens = running_tokens[i]
+        if later and tokens < min(needed[i], cap or needed[i]):
+            running_tokens[i] = 0
+            continue
+        kept.append(i)
+        later = later or tokens > 0
     total = sum(running_tokens) + sum(max(0, t) for t in admitted_planned)
     return StepTokenLimits(
-        running_order=tuple(decoding + prefilling),
+        running_order=tuple(decoding + kept[::-1]),
         token_budget=min(max_budget, total),
-        long_prefill_threshold=max(chunks) if chunks and max(chunks) > 0 else None,
+        long_prefill_threshold=cap,
     )
