@@ -37,7 +37,7 @@ from tokenpace.bench.engine_runner import prepare_process
 from tokenpace.bench.fidelity import knee_workloads, measure_fidelity
 from tokenpace.bench.runners import RunnerSet
 from tokenpace.cli.command import run_command
-from tokenpace.core.cache import age_s, default_cache_dir
+from tokenpace.core.cache import default_cache_dir, stale_reason
 from tokenpace.core.config import option
 from tokenpace.engine.profile import EngineProfile, load_profile
 from tokenpace.metrics.slo import scaled_slo
@@ -77,16 +77,14 @@ def fidelity_sweep(engine: str) -> SweepConfig:
 
 
 def engine_profile(
-    engine: str, cache_dir: Path, quick: bool, max_age_s: float = float("inf"),
-    now_s: float = 0.0,
-) -> EngineProfile:  # fmt: skip
+    engine: str, cache_dir: Path, quick: bool, max_age_s: float, now_s: float
+) -> EngineProfile:
     """The engine's fitted profile, cached; profiled when none is cached or the cached one
     was written more than ``max_age_s`` seconds before ``now_s`` (seconds since the
     epoch)."""
     path = cache_dir / "profiles" / f"{engine}-{'quick' if quick else 'sweep'}.json"
-    age = age_s(path, now_s)
-    if age is None or age > max_age_s:
-        why = "none cached" if age is None else f"the cached one is {age / 3600:.1f} h old"
+    why = stale_reason(path, max_age_s, now_s)
+    if why is not None:
         print(f"{engine}: profiling into {path} ({why})", file=sys.stderr, flush=True)
         sweep = QUICK_SWEEP if quick else fidelity_sweep(engine)
         run_profile(

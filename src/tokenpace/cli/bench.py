@@ -22,7 +22,7 @@ from tokenpace.cli.bench_options import DEFAULT_PROFILE, BenchOptions
 from tokenpace.cli.bench_trace import trace_part
 from tokenpace.cli.spec import UsageError
 from tokenpace.cli.summary_table import print_summary
-from tokenpace.core.cache import age_s, default_cache_dir
+from tokenpace.core.cache import default_cache_dir, stale_reason
 from tokenpace.engine.profile import EngineProfile, load_profile
 from tokenpace.metrics.qoe import QoeConfig
 from tokenpace.pool.config import PoolConfig
@@ -50,9 +50,8 @@ def cached_engine_profile(
     the bench runs (``SETUPS``): the engine's default sweep with three passes over the
     decode batch sizes, each size keeping its median pass."""
     path = cache_dir / "profiles" / ENGINE_PROFILE_FILES[engine]
-    age = age_s(path, now_s)
-    if age is None or age > max_age_s:
-        why = "none cached" if age is None else f"the cached one is {age / 3600:.1f} h old"
+    why = stale_reason(path, max_age_s, now_s)
+    if why is not None:
         print(f"profiling the {engine} engine into {path} ({why}; minutes)", file=sys.stderr)
         try:
             from tokenpace.bench.engine_runner import SETUPS, prepare_process

@@ -25,3 +25,14 @@ def age_s(path: Path, now_s: float) -> float | None:
         return now_s - path.stat().st_mtime
     except FileNotFoundError:
         return None
+
+
+def stale_reason(path: Path, max_age_s: float, now_s: float) -> str | None:
+    """Why the cached file at ``path`` must be made again at ``now_s`` (``age_s``): none is
+    cached, or it is older than ``max_age_s``; None while it is fresh enough."""
+    age = age_s(path, now_s)
+    if age is None:
+        return "none cached"
+    if age > max_age_s:
+        return f"the cached one is {age / 3600:.1f} h old"
+    return None
