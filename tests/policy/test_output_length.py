@@ -73,6 +73,37 @@ def test_estimator_still_running_blends_buckets_as_its_means() -> None:
     assert still.sum(axis=1) == pytest.approx(estimator.remaining(prompts, produced, caps))
 
 
+def test_one_requests_row_is_its_row_of_the_batch_forecast_until_the_next_refit() -> None:
+    estimator = OutputLengthEstimator(OutputLengthConfig(bucket_edges=(256,), prior_weight=4))
+    offsets = np.arange(64, dtype=np.int64) * 3  # rounding: a grid step of 3 tokens
+    rng = np.random.default_rng(0)
+    prompts = rng.integers(10, 600, 40)
+    produced = rng.integers(0, 100, 40)
+    caps = produced + rng.integers(1, 300, 40)
+
+    def agrees(budget: bool = False) -> bool:
+        batch = estimator.still_running(prompts, produced, caps, offsets).dense()
+        if budget:
+            batch = (offsets[None, :] < -(-(caps - produced) // 3)[:, None] * 3).astype(float)
+        rows = [
+            estimator.still_running_row(int(p), int(o), int(c), offsets, budget)
+            for p, o, c in zip(prompts, produced, caps, strict=True)
+        ]
+        return bool(np.allclose(np.array(rows), batch))
+
+    assert agrees()  # nothing learned: running to the caps
+    batch = [running(i, 100 if i < 20 else 1000, 200, 1) for i in range(40)]
+    estimator.observe(batch, 0)
+    for r in batch[:30]:
+        finish(r, 20 if r.num_prompt_tokens == 100 else 100)
+    estimator.observe(batch[30:], 1)
+    assert agrees() and agrees(budget=True)  # per bucket; rows kept from before are gone
+    for r in batch[30:]:
+        finish(r, 150)
+    estimator.observe([], 2)
+    assert agrees()
+
+
 def test_running_requests_are_censored_not_ignored() -> None:
     # Half finished at 20 tokens, half still running at 100: counting only the finished
     # would say 20. With the survivors' tail at the cap the mean is 0.5 * 20 + 0.5 * 200.

@@ -30,6 +30,7 @@ probability S(o + t) / S(o) that a request which has produced o tokens still run
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -282,6 +283,11 @@ class OutputLengthEstimator:
         self._dirty = False
         self._fitted_step: int | None = None
         self._running_ids: list[int] = []
+        self._edge_list = list(config.bucket_edges)
+        self._bucketed = False
+        # still_running_row's rows since the last refit, for the grid (step, offsets).
+        self._rows: dict[tuple[int, int, int], FloatArray] = {}
+        self._row_grid = (0, 0)
 
     @property
     def num_observed(self) -> int:
@@ -368,6 +374,44 @@ class OutputLengthEstimator:
         )
         return StillRunning(rows, grid.row_of, grid.representatives)
 
+    def still_running_row(
+        self, prompt: int, produced: int, cap: int, offsets: IntArray, budget: bool = False
+    ) -> FloatArray:
+        """One request's row of ``still_running`` (the same rounding and blend; with
+        ``budget``, or before a curve is fitted, ``StillRunning.to_caps``'s row), for a
+        caller that tests candidates one at a time: rows are kept per (prompt bucket,
+        rounded progress, rounded tokens left) until the next refit or a new grid, so the
+        candidates of one step that share a key pay for it once. Read-only."""
+        step, num_offsets = grid_step(offsets), len(offsets)
+        progress = produced // step
+        left = min(max(-(-(cap - produced) // step), 0), num_offsets)
+        if (step, num_offsets) != self._row_grid:
+            self._rows.clear()
+            self._row_grid = (step, num_offsets)
+        pooled = self._pooled_curve
+        if pooled is None or budget:
+            # Running to the cap: the row depends on the tokens left only.
+            key = (-1, 0, left)
+        else:
+            bucket = bisect.bisect_right(self._edge_list, prompt) if self._bucketed else 0
+            key = (bucket, progress, left)
+        row = self._rows.get(key)
+        if row is None:
+            if key[0] < 0 or pooled is None:
+                row = (offsets < left * step).astype(np.float64)
+            else:
+                rep_produced = ints_of(progress * step)
+                rep_cap = ints_of((progress + left) * step)
+                rows = pooled.still_running(rep_produced, rep_cap, offsets)
+                self._blend(
+                    rows, ints_of(key[0]),
+                    lambda c, at: c.still_running(rep_produced[at], rep_cap[at], offsets),
+                )  # fmt: skip
+                row = rows[0]
+            row.flags.writeable = False
+            self._rows[key] = row
+        return row
+
     def _blend(
         self,
         pooled: FloatArray,
@@ -443,6 +487,7 @@ class OutputLengthEstimator:
     ) -> None:
         self._dirty = False
         self._fitted_step = step_index
+        self._rows.clear()
         if not self._pooled:
             return
         prompts, own_produced, _ = request_columns(running)
@@ -455,6 +500,12 @@ class OutputLengthEstimator:
             self._curves[b] = (
                 SurvivalCurve.fit(_array(events), produced[buckets == b], tail) if events else None
             )
+        self._bucketed = any(c is not None for c in self._curves)
+
+
+def ints_of(*values: int) -> IntArray:
+    """An int64 array of ``values``."""
+    return np.array(values, dtype=np.int64)
 
 
 def _array(values: Iterable[int]) -> IntArray:

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from tokenpace.core.request import Request
 from tokenpace.policy.output_length import StillRunning
 from tokenpace.policy.twp.kv_reservation import KvReservation
-from tokenpace.policy.twp.occupancy import Occupancy, forecast_offsets
+from tokenpace.policy.twp.occupancy import Occupancy, forecast_offsets, held_by_empty
 
 IntArray = npt.NDArray[np.int64]
 
@@ -60,6 +60,17 @@ def test_forecast_bounds_the_blocks_held_at_every_step(
     # Never more than each request at its final size plus the grid's slack and one block.
     finals = sum((c + r + step) / block_size + 1 for c, r in requests)
     assert forecast.mean.max() <= finals + 1e-9
+
+
+@given(st.integers(0, 5000), st.sampled_from([1, 16]), st.integers(2, 64), st.integers(0, 10**6))
+def test_one_requests_forecast_is_the_batch_forecast_of_it_alone(
+    tokens: int, block_size: int, num_offsets: int, seed: int
+) -> None:
+    offsets = forecast_offsets(1000, num_offsets)
+    row = np.sort(np.random.default_rng(seed).random(num_offsets))[::-1]
+    alone = Occupancy.of(np.array([tokens]), _each(row[None, :]), offsets, block_size)
+    one = Occupancy.one(tokens, row, held_by_empty(offsets, block_size), block_size)
+    assert np.allclose(one.mean, alone.mean) and np.allclose(one.variance, alone.variance)
 
 
 def test_forecast_counts_spread_lengths_below_the_sum_of_expected_final_sizes() -> None:

@@ -80,6 +80,15 @@ class ExpectedOutput:
             return StillRunning.to_caps(produced, caps, offsets)
         return self.estimator.still_running(prompts, produced, caps, offsets)
 
+    def still_running_row(
+        self, prompt: int, produced: int, cap: int, offsets: npt.NDArray[np.int64]
+    ) -> FloatArray:
+        """One request's row of ``still_running`` (``OutputLengthEstimator.
+        still_running_row``; with budgets: 1 until its cap)."""
+        return self.estimator.still_running_row(
+            prompt, produced, cap, offsets, budget=not self.enabled
+        )
+
     def remaining_of(self, request: Request) -> float:
         if not self.enabled:
             return float(request.remaining_output_tokens)

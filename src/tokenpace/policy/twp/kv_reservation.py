@@ -22,13 +22,20 @@ import numpy as np
 import numpy.typing as npt
 
 from tokenpace.core.request import Request
-from tokenpace.policy.output_length import StillRunning, request_columns
-from tokenpace.policy.twp.occupancy import NUM_OFFSETS, Occupancy, forecast_offsets
+from tokenpace.policy.output_length import StillRunning, ints_of
+from tokenpace.policy.twp.occupancy import (
+    NUM_OFFSETS,
+    Occupancy,
+    forecast_offsets,
+    held_by_empty,
+)
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 # (prompts, produced, caps, offsets) -> P(still running t tokens from now).
 StillRunningOf = Callable[[IntArray, IntArray, IntArray, IntArray], StillRunning]
+# The same for one request: (prompt, produced, cap, offsets) -> its row.
+StillRunningRowOf = Callable[[int, int, int, IntArray], FloatArray]
 
 
 class KvReservation:
@@ -39,18 +46,27 @@ class KvReservation:
     the margin; ``add(request)`` counts an admitted one. The running batch's forecast is
     computed when first needed in a step, so a step whose gate is closed for other reasons
     does not pay for it. ``still_running`` gives the probabilities the forecast is made of
-    (``ExpectedOutput.still_running``).
+    (``ExpectedOutput.still_running``); ``still_running_row``, the same for one candidate
+    (``ExpectedOutput.still_running_row``, which reuses rows across candidates; by default
+    ``still_running`` of one request).
     """
 
-    def __init__(self, sigmas: float, still_running: StillRunningOf) -> None:
+    def __init__(
+        self,
+        sigmas: float,
+        still_running: StillRunningOf,
+        still_running_row: StillRunningRowOf | None = None,
+    ) -> None:
         self.sigmas = sigmas
         self._still_running = still_running
+        self._still_running_row = still_running_row or _row_from(still_running)
         self._columns: tuple[IntArray, IntArray, IntArray] = (
             np.zeros(0, dtype=np.int64),
             np.zeros(0, dtype=np.int64),
             np.zeros(0, dtype=np.int64),
         )
         self._offsets: IntArray | None = None
+        self._held_empty: FloatArray | None = None
         self._waiting_horizon = 0
         self._block_size = 1
         self._total_blocks = 0
@@ -72,6 +88,7 @@ class KvReservation:
         self._columns = (prompts, produced, caps)
         self._waiting_horizon = waiting_horizon
         self._offsets = None
+        self._held_empty = None
         self._total_blocks = num_total_blocks
         self._block_size = block_size
         self._batch = None
@@ -117,15 +134,17 @@ class KvReservation:
         batch = self._occupancy()
         bound = batch.mean + candidate.mean
         bound += self.sigmas * np.sqrt(batch.variance + candidate.variance)
-        return bool(np.max(bound) <= self._total_blocks)
+        return bool(bound.max() <= self._total_blocks)
 
     def _of(self, request: Request) -> Occupancy:
         if self._last is not None and self._last[0] == request.request_id:
             return self._last[1]
         offsets = self._grid()
-        prompts, produced, caps = request_columns([request])
-        running = self._still_running(prompts, produced, caps, offsets)
-        own = Occupancy.of(prompts + produced, running, offsets, self._block_size)
+        prompt, produced = request.num_prompt_tokens, len(request.token_times_s)
+        row = self._still_running_row(prompt, produced, request.max_tokens, offsets)
+        if self._held_empty is None:
+            self._held_empty = held_by_empty(offsets, self._block_size)
+        own = Occupancy.one(prompt + produced, row, self._held_empty, self._block_size)
         self._last = (request.request_id, own)
         return own
 
@@ -143,3 +162,14 @@ class KvReservation:
             horizon = max(self._waiting_horizon, int((caps - produced).max()) if len(caps) else 0)
             self._offsets = forecast_offsets(max(1, horizon), NUM_OFFSETS)
         return self._offsets
+
+
+def _row_from(still_running: StillRunningOf) -> StillRunningRowOf:
+    """``still_running`` asked about one request."""
+
+    def row(prompt: int, produced: int, cap: int, offsets: IntArray) -> FloatArray:
+        grid = still_running(ints_of(prompt), ints_of(produced), ints_of(cap), offsets)
+        only: FloatArray = grid.dense()[0]
+        return only
+
+    return row

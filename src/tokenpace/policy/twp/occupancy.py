@@ -70,12 +70,30 @@ class Occupancy:
         return Occupancy(mean, np.maximum(variance, 0.0))
 
     @staticmethod
+    def one(
+        current_tokens: int, still_running: FloatArray, held_empty: FloatArray, block_size: int
+    ) -> Occupancy:
+        """``of`` for one request holding ``current_tokens`` now whose row of probabilities
+        is ``still_running``, given ``held_empty = held_by_empty(offsets, block_size)``:
+        h_k p_k and h_k^2 p_k (1 - p_k)."""
+        held = held_empty + current_tokens / block_size
+        mean = held * still_running
+        return Occupancy(mean, held * (mean - mean * still_running))
+
+    @staticmethod
     def at_start(blocks: float, num_offsets: int) -> Occupancy:
         """``blocks`` held now and nothing after: a lower bound of any request that holds
         at least that many blocks when admitted."""
         mean = np.zeros(num_offsets)
         mean[0] = blocks
         return Occupancy(mean, np.zeros(num_offsets))
+
+
+def held_by_empty(offsets: IntArray, block_size: int) -> FloatArray:
+    """h_k of a request holding no tokens now (``Occupancy.of``): (t_k + d) / block_size + 1;
+    one holding c tokens holds c / block_size more."""
+    held: FloatArray = (offsets + float(grid_step(offsets))) / block_size + 1.0
+    return held
 
 
 def forecast_offsets(horizon_tokens: int, num_offsets: int = NUM_OFFSETS) -> IntArray:

@@ -55,7 +55,9 @@ class TwpPolicy:
         self.window = WindowController(config)
         self.kv_guard = KvHeadroomGuard(config)
         self.expected = ExpectedOutput(config.output_lengths, config.use_output_estimate)
-        self.reservation = KvReservation(config.kv_margin_sigmas, self.expected.still_running)
+        self.reservation = KvReservation(
+            config.kv_margin_sigmas, self.expected.still_running, self.expected.still_running_row
+        )
         self._token_load = 0.0
         self._num_forced = 0
 

@@ -59,7 +59,11 @@ class TwpSloPolicy:
         self.window = RequestWindow(config)
         self.kv_guard = KvHeadroomGuard(config.base)
         self.expected = ExpectedOutput(config.base.output_lengths, config.use_output_estimate)
-        self.reservation = KvReservation(config.base.kv_margin_sigmas, self.expected.still_running)
+        self.reservation = KvReservation(
+            config.base.kv_margin_sigmas,
+            self.expected.still_running,
+            self.expected.still_running_row,
+        )
         self._latency = LatencyModel(profile)
         self.budget = PrefillBudget(self._latency, config.max_prefill_tokens)
         self._budget = float(config.min_prefill_tokens)
