@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from tokenpace.core.request import Request
 from tokenpace.policy.output_length import StillRunning
-from tokenpace.policy.twp.kv_reservation import KvReservation
+from tokenpace.policy.twp.kv_reservation import KvReservation, StillRunningOf
 from tokenpace.policy.twp.occupancy import Occupancy, forecast_offsets, held_by_empty
 
 IntArray = npt.NDArray[np.int64]
@@ -139,3 +139,53 @@ def test_margin_is_sigmas_standard_deviations_of_the_occupancy() -> None:
         for name, r in (("tight", tight), ("loose", loose))
     }
     assert biggest["tight"] < biggest["loose"]
+
+
+def _fading(
+    prompts: IntArray, produced: IntArray, caps: IntArray, offsets: IntArray
+) -> StillRunning:
+    """Each request still runs t tokens from now with probability exp(-t / 80), until its
+    cap."""
+    rows = np.exp(-offsets[None, :] / 80.0) * (offsets[None, :] < (caps - produced)[:, None])
+    return _each(np.broadcast_to(rows, (len(prompts), len(offsets))).copy())
+
+
+@given(
+    st.lists(st.tuples(st.integers(1, 2000), st.integers(0, 300), st.integers(1, 600)), max_size=8),
+    st.lists(st.tuples(st.integers(1, 2000), st.integers(1, 600)), min_size=1, max_size=6),
+    st.sampled_from([0.0, 1.0, 2.5]),
+    st.integers(-40, 400),
+    st.sampled_from([_until_cap, _fading]),
+)
+def test_admissions_are_the_forecasts_whether_or_not_the_bound_decides(
+    batch: list[tuple[int, int, int]],
+    candidates: list[tuple[int, int]],
+    sigmas: float,
+    slack: int,
+    still_running: StillRunningOf,
+) -> None:
+    prompts = np.array([p for p, _, _ in batch], dtype=np.int64)
+    produced = np.array([o for _, o, _ in batch], dtype=np.int64)
+    caps = produced + np.array([c for _, _, c in batch], dtype=np.int64)
+    block_size, horizon = 16, 600
+    offsets = forecast_offsets(max(horizon, int((caps - produced).max(initial=0))))
+
+    def occupancy(p: IntArray, o: IntArray, c: IntArray) -> Occupancy:
+        return Occupancy.of(p + o, still_running(p, o, c, offsets), offsets, block_size)
+
+    base = occupancy(prompts, produced, caps)
+    total = max(1, int(np.max(base.mean + sigmas * np.sqrt(base.variance))) + slack)
+    reservation = KvReservation(sigmas, still_running)
+    reservation.begin(prompts, produced, caps, total, block_size, horizon)
+    for i, (prompt, cap) in enumerate(candidates):
+        candidate = _request(i, prompt, cap)
+        prompts = np.append(prompts, prompt)
+        produced = np.append(produced, 0)
+        caps = np.append(caps, cap)
+        joint = occupancy(prompts, produced, caps)
+        fits = bool(np.max(joint.mean + sigmas * np.sqrt(joint.variance)) <= total)
+        assert reservation.admits(candidate) == fits
+        if fits:
+            reservation.add(candidate)
+        else:
+            prompts, produced, caps = prompts[:-1], produced[:-1], caps[:-1]

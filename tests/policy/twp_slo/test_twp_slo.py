@@ -86,7 +86,11 @@ def test_telemetry_reports_the_kv_forecast_only_on_steps_that_computed_it(
     decoding = [running(100 + i, 10, 500, 1) for i in range(20)]
     policy.plan(state([], decoding))  # nothing waits: no admission tests the cache
     assert "kv_reserved_blocks" not in policy.telemetry()
-    policy.plan(state([request(0, prompt=100)], decoding))
+    policy.plan(state([request(0, prompt=100)], decoding))  # far from full: the bound decides
+    assert "kv_reserved_blocks" not in policy.telemetry()
+    # 20 x (10 + 500 + 8) / 16 + 1 blocks at most, and the candidate: close to 720.
+    plan = policy.plan(state([request(0, prompt=100)], decoding, free_blocks=720, total_blocks=720))
+    assert plan.admit_ids == (0,)
     telemetry = policy.telemetry()
     assert telemetry["kv_reserved_blocks"] == policy.reservation.reserved_blocks > 0
     assert telemetry["kv_margin_blocks"] == policy.reservation.margin_blocks

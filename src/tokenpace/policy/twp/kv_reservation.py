@@ -16,6 +16,7 @@ starving request goes first, but not at a running one's expense.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -45,10 +46,14 @@ class KvReservation:
     produced, ``max_tokens``); ``admits(request)`` says whether a candidate still fits with
     the margin; ``add(request)`` counts an admitted one. The running batch's forecast is
     computed when first needed in a step, so a step whose gate is closed for other reasons
-    does not pay for it. ``still_running`` gives the probabilities the forecast is made of
-    (``ExpectedOutput.still_running``); ``still_running_row``, the same for one candidate
-    (``ExpectedOutput.still_running_row``, which reuses rows across candidates; by default
-    ``still_running`` of one request).
+    does not pay for it. Before computing it, a candidate is tested against an upper bound
+    that needs none: every request at its largest size while it may still run, always
+    running, with the largest variance a coin can have (``_bound_fits``); only when that
+    bound does not fit is the forecast computed, so the decisions are the forecast's, and a
+    step far from a full cache never computes it. ``still_running`` gives the probabilities
+    the forecast is made of (``ExpectedOutput.still_running``); ``still_running_row``, the
+    same for one candidate (``ExpectedOutput.still_running_row``, which reuses rows across
+    candidates; by default ``still_running`` of one request).
     """
 
     def __init__(
@@ -72,6 +77,9 @@ class KvReservation:
         self._total_blocks = 0
         self._batch: Occupancy | None = None
         self._last: tuple[int, Occupancy] | None = None
+        # Sums of the largest sizes (blocks) and of their squares, batch and admissions.
+        self._sizes: tuple[float, float] | None = None
+        self._pending: list[Request] = []  # admitted while the forecast was not computed
 
     def begin(
         self,
@@ -93,6 +101,8 @@ class KvReservation:
         self._block_size = block_size
         self._batch = None
         self._last = None
+        self._sizes = None
+        self._pending = []
 
     @property
     def reserved_blocks(self) -> float:
@@ -110,25 +120,73 @@ class KvReservation:
         """``kv_reserved_blocks`` (``reserved_blocks``) and ``kv_margin_blocks``
         (``margin_blocks``) when this step has already computed its forecast (an admission
         test, or a read of either property); empty otherwise, so that reading a policy's
-        telemetry every step never pays for a forecast that no admission needed."""
+        telemetry every step never pays for a forecast that no admission needed (admissions
+        decided by the upper bound alone do not compute it)."""
         if self._batch is None:
             return {}
         return {"kv_reserved_blocks": self.reserved_blocks, "kv_margin_blocks": self.margin_blocks}
 
     def admits(self, request: Request) -> bool:
         """True if ``request`` admitted now keeps the forecast within the cache."""
-        return self._fits(self._of(request))
+        size = self._largest_size(request)
+        return self._bound_fits(size, size * size) or self._fits(self._of(request))
 
     def admits_any(self, smallest_blocks: float) -> bool:
         """False only when no candidate holding at least ``smallest_blocks`` blocks on
         admission could pass ``admits``."""
-        return self._fits(Occupancy.at_start(smallest_blocks, NUM_OFFSETS))
+        return self._bound_fits(smallest_blocks, 0.0) or self._fits(
+            Occupancy.at_start(smallest_blocks, NUM_OFFSETS)
+        )
 
     def add(self, request: Request) -> None:
         """Count ``request`` as admitted this step."""
+        size = self._largest_size(request)
+        total, squares = self._largest_sizes()
+        self._sizes = (total + size, squares + size * size)
+        if self._batch is None:
+            self._pending.append(request)
+            return
         own = self._of(request)
-        batch = self._occupancy()
-        self._batch = Occupancy(batch.mean + own.mean, batch.variance + own.variance)
+        self._batch = Occupancy(self._batch.mean + own.mean, self._batch.variance + own.variance)
+
+    def _bound_fits(self, size: float, square: float) -> bool:
+        """The forecast with a candidate of largest size ``size`` (its square ``square``)
+        fits for sure: at every offset, each request holds at most its largest size h_j
+        and the variance of a count h_j B_j is at most h_j^2 / 4, so the forecast's bound
+        is at most sum h_j + sigmas / 2 sqrt(sum h_j^2). A relative 1e-9 covers rounding."""
+        total, squares = self._largest_sizes()
+        upper = total + size + 0.5 * self.sigmas * math.sqrt(squares + square)
+        return upper * (1.0 + 1e-9) <= self._total_blocks
+
+    def _largest_sizes(self) -> tuple[float, float]:
+        if self._sizes is None:
+            prompts, produced, caps = self._columns
+            sizes = self._largest(prompts + produced, caps - produced)
+            self._sizes = (float(sizes.sum()), float(np.dot(sizes, sizes)))
+        return self._sizes
+
+    def _largest_size(self, request: Request) -> float:
+        """``_largest`` of one request, in scalars."""
+        produced = len(request.token_times_s)
+        left = request.max_tokens - produced
+        if left <= 0:
+            return 0.0
+        offsets = self._grid()
+        step, last = int(offsets[1] - offsets[0]), int(offsets[-1])
+        tokens = request.num_prompt_tokens + produced
+        return (tokens + min(left, last) + step) / self._block_size + 1.0
+
+    def _largest(self, tokens: IntArray, left: IntArray) -> FloatArray:
+        """The most blocks each request (``tokens`` held now, ``left`` to its cap) holds at
+        any offset where it may still run (h_k = (tokens + t_k + d) / block_size + 1 with
+        t_k < left, t_k within the grid); 0 for one that has reached its cap."""
+        offsets = self._grid()
+        step = float(offsets[1] - offsets[0])
+        reach = np.minimum(left, offsets[-1])
+        sizes: FloatArray = np.where(
+            left > 0, (tokens + reach + step) / self._block_size + 1.0, 0.0
+        )
+        return sizes
 
     def _fits(self, candidate: Occupancy) -> bool:
         batch = self._occupancy()
@@ -153,7 +211,12 @@ class KvReservation:
             offsets = self._grid()
             prompts, produced, caps = self._columns
             running = self._still_running(prompts, produced, caps, offsets)
-            self._batch = Occupancy.of(prompts + produced, running, offsets, self._block_size)
+            batch = Occupancy.of(prompts + produced, running, offsets, self._block_size)
+            for request in self._pending:
+                own = self._of(request)
+                batch = Occupancy(batch.mean + own.mean, batch.variance + own.variance)
+            self._pending = []
+            self._batch = batch
         return self._batch
 
     def _grid(self) -> IntArray:
