@@ -7,6 +7,9 @@ Two snapshots, both with 10,000 waiting requests:
   step under overload, and the state the decision-cost target is set for.
 - ``open``: 4 running requests near their end, so the gate is open and the policy must find
   the best-ranked candidates among the 10,000 and admit some of them.
+- ``churn``: ``--churn-running`` (46) running requests mid-output: on the reference profile
+  twp_slo's request window (about 48) has room for a few, the admitting step of a loaded
+  server; twp's token window is full.
 
 Each policy plans each snapshot ``--num-iters`` times, interleaved so that machine noise falls
 on all of them alike. Each call is timed twice: wall clock (``decision_us_*``, what a step
@@ -80,13 +83,14 @@ class Settings:
 
     waiting: int = option(10_000, "Waiting requests in both snapshots.")
     running: int = option(256, "Running requests in the full snapshot.")
+    churn_running: int = option(46, "Running requests in the churn snapshot.")
     num_iters: int = option(1000, "Times each policy plans each snapshot.")
     profile: str = option(
         "v100-llama-3.2-3b", "Shipped profile name or profile JSON.", known=shipped_profiles
     )
 
     def __post_init__(self) -> None:
-        require_positive(self, "waiting", "running", "num_iters")
+        require_positive(self, "waiting", "running", "churn_running", "num_iters")
 
 
 def main() -> None:
@@ -101,6 +105,7 @@ def run(args: Settings) -> None:
     states = {
         "full": build_state(args.waiting, args.running, rng),
         "open": build_state(args.waiting, 4, rng, nearly_done=True),
+        "churn": build_state(args.waiting, args.churn_running, rng),
     }
     cases: dict[tuple[str, str], tuple[Policy, StepState]] = {
         (name, label): (build_policy(name, profile, Slo()), snapshot)
