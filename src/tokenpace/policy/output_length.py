@@ -277,6 +277,7 @@ class OutputLengthEstimator:
         num_buckets = len(config.bucket_edges) + 1
         self._events: list[deque[int]] = [deque(maxlen=config.window) for _ in range(num_buckets)]
         self._pooled: deque[int] = deque(maxlen=config.window)
+        self._pooled_sum = 0
         self._tracked: dict[int, _Tracked] = {}
         self._curves: list[SurvivalCurve | None] = [None] * num_buckets
         self._pooled_curve: SurvivalCurve | None = None
@@ -292,6 +293,13 @@ class OutputLengthEstimator:
     @property
     def num_observed(self) -> int:
         return self.errors.count
+
+    @property
+    def mean_output(self) -> float | None:
+        """The mean length of the newest ``window`` finished requests; None before any."""
+        if not self._pooled:
+            return None
+        return self._pooled_sum / len(self._pooled)
 
     @property
     def fitted(self) -> bool:
@@ -478,7 +486,10 @@ class OutputLengthEstimator:
             return
         bucket = int(np.searchsorted(self._edges, request.num_prompt_tokens, side="right"))
         self._events[bucket].append(length)
+        if len(self._pooled) == self._pooled.maxlen:
+            self._pooled_sum -= self._pooled[0]
         self._pooled.append(length)
+        self._pooled_sum += length
         self.errors.add(predicted_total, length, self.config.error_ema)
         self._dirty = True
 

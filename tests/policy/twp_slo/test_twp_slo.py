@@ -17,8 +17,14 @@ from tokenpace.metrics.slo import Slo
 from tokenpace.policy.twp_slo.config import TwpSloConfig
 from tokenpace.policy.twp_slo.deadline import deadline_keys, deadline_order
 from tokenpace.policy.twp_slo.policy import TwpSloPolicy
-from tokenpace.policy.twp_slo.window import RequestWindow, profile_batch_target
+from tokenpace.policy.twp_slo.window import (
+    RequestWindow,
+    balanced_batch,
+    profile_batch_target,
+)
 from tokenpace.sim.run import simulate
+from tokenpace.workload.main_experiment import PoissonWorkload
+from tokenpace.workload.scenarios import SCENARIO_OUTPUT_LENGTHS, SCENARIO_PROMPT_LENGTHS
 from tokenpace.workload.spec import RequestSpec
 
 
@@ -52,6 +58,57 @@ def test_measured_window_grows_below_target_and_never_below_b0(
     for _ in range(50):
         window.update(0.400)
     assert window.window == 8.0  # clamped at B0
+
+
+def test_balanced_batch_keeps_decode_and_prefill_in_pace_at_the_target(
+    paper_profile: EngineProfile,
+) -> None:
+    # A CPU-like profile: mixing costs 17 ms and prompt tokens 0.46 ms, so one 64-token chunk
+    # plus the mixing cost (46 ms) exceeds the 37 ms of headroom and B* falls to B0.
+    cpu = replace(
+        paper_profile, l_min_ms=43.0, b0=1, alpha_ms=0.6, prefill_ms_per_token=0.46,
+        mixed_prefill_overhead_ms=17.0, decode_attention_ms_per_kctx=4.4,
+    )  # fmt: skip
+    cfg = config(cpu)
+    assert profile_batch_target(cfg) == 1.0
+    prompt, output = 245.0, 65.0
+    batch = balanced_batch(cfg, cpu.decode_attention_ms_per_kctx, prompt, output)
+    # The step of that batch, replacing what it finishes (batch * prompt / output tokens),
+    # costs exactly the target.
+    step = (
+        cpu.l_min_ms + cpu.alpha_ms * (batch - cpu.b0)
+        + batch * cpu.decode_attention_ms_per_kctx * (prompt + output / 2) / 1000
+        + cpu.mixed_prefill_overhead_ms + cpu.prefill_ms_per_token * batch * prompt / output
+    )  # fmt: skip
+    assert 5 < batch < 10 and step == pytest.approx(cfg.itl_target_ms)
+    # On the reference profile the balance lies below B* (32.4): the window keeps B*.
+    assert balanced_batch(config(paper_profile), 0.0, prompt, output) < 32.4
+    window = RequestWindow(cfg)
+    window.set_floor(batch)
+    assert window.update(0.080) > 1.0  # moves from B0 toward the floor
+
+
+def test_the_balance_floor_keeps_a_cpu_engine_busy(paper_profile: EngineProfile) -> None:
+    # Where B* is B0, the window stays at one request and the queue grows; with the floor
+    # (learned from the first finished requests) the batch grows and more finish in time.
+    cpu = replace(
+        paper_profile, l_min_ms=43.0, b0=1, alpha_ms=0.6, prefill_ms_per_token=0.46,
+        mixed_prefill_overhead_ms=17.0, decode_attention_ms_per_kctx=4.4, noise_cv=0.0,
+    )  # fmt: skip
+    slo = Slo(6000, 90)  # target 85.5 ms: B* = B0 = 1
+    workload = PoissonWorkload(
+        rate_per_s=1.2, duration_s=40.0, max_requests=40,
+        prompt_lengths=SCENARIO_PROMPT_LENGTHS, output_lengths=SCENARIO_OUTPUT_LENGTHS,
+    )  # fmt: skip
+    specs = workload.generate(np.random.default_rng(0))
+    runs = {}
+    for floor in (True, False):
+        cfg = TwpSloConfig.from_profile(cpu, slo, use_balance_floor=floor)
+        outcome = simulate(specs, TwpSloPolicy(cfg, cpu), cpu, np.random.default_rng(1))
+        runs[floor] = sum(
+            r.token_times_s[0] - r.arrival_s <= 6.0 for r in outcome.requests if r.token_times_s
+        )
+    assert runs[True] > 2 * runs[False]
 
 
 def test_prefill_budget_uses_headroom_and_responds_to_itl(paper_profile: EngineProfile) -> None:

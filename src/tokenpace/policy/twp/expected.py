@@ -94,6 +94,14 @@ class ExpectedOutput:
             return float(request.remaining_output_tokens)
         return self.estimator.remaining_of(request)
 
+    def mean_output(self, mean_cap: float) -> float | None:
+        """The mean output of finished requests, learned; ``mean_cap`` (the mean max_tokens
+        of the requests admitted) with budgets; None before any finished."""
+        learned = self.estimator.mean_output
+        if learned is None:
+            return None
+        return learned if self.enabled else mean_cap
+
     def queue_totals(self, waiting: WaitingQueue) -> npt.NDArray[np.float64] | None:
         """Expected total output of every waiting request (tokens already streamed plus
         expected remaining); None when that is max_tokens for every one: planning with

@@ -41,6 +41,14 @@ class TwpSloConfig:
     use_deadline_ranking: bool = option(True, "Rank feasible-TTFT requests first (EDF).")
     use_prefill_budget: bool = option(True, "Prefill tokens from ITL headroom, not fixed C.")
     use_profile_window: bool = option(True, "Size the window from the profile (Eq. 2).")
+    use_balance_floor: bool = option(
+        True,
+        "The window never below the batch at which decode and prefill keep pace under the "
+        "ITL target (window.balanced_batch), once mean prompt and output are known.",
+    )
+    mix_ema: float = option(
+        0.05, "Weight of the newest admitted request in the mean prompt and max_tokens."
+    )
     use_deferral: bool = option(
         True, "Overload-aware order: defer the longest prompts that would make others late."
     )
@@ -66,8 +74,10 @@ class TwpSloConfig:
     def __post_init__(self) -> None:
         require_positive(
             self, "ttft_slo_ms", "tpot_slo_ms", "itl_target_fraction", "max_window_requests",
-            "max_wait_steps", "min_prefill_tokens", "max_prefill_tokens",
+            "max_wait_steps", "min_prefill_tokens", "max_prefill_tokens", "mix_ema",
         )  # fmt: skip
+        if self.mix_ema > 1:
+            raise ValueError(f"mix_ema must be <= 1, got {self.mix_ema}")
         if self.itl_target_fraction > 1:
             raise ValueError(f"itl_target_fraction must be <= 1, got {self.itl_target_fraction}")
         if self.min_prefill_tokens > self.max_prefill_tokens:

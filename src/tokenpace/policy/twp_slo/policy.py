@@ -26,7 +26,7 @@ from tokenpace.policy.twp_slo.config import TwpSloConfig
 from tokenpace.policy.twp_slo.deadline import deadline_order, ttft_slack_s
 from tokenpace.policy.twp_slo.prefill_budget import PrefillBudget
 from tokenpace.policy.twp_slo.rejection import ServiceOutlook, early_rejections
-from tokenpace.policy.twp_slo.window import RequestWindow
+from tokenpace.policy.twp_slo.window import RequestWindow, balanced_batch
 from tokenpace.policy.window_state import WindowState, request_window_state
 
 
@@ -71,6 +71,9 @@ class TwpSloPolicy:
         self._calibration = 1.0
         self._predicted_ms: float | None = None
         self._num_forced = 0
+        # Means of the admitted requests' prompt tokens and max_tokens (None before any).
+        self._mean_prompt: float | None = None
+        self._mean_cap = 0.0
 
     def prefill_budget(self, num_decoding: int) -> int:
         """Tokens of prefill (at the flat per-token rate) a step with ``num_decoding``
@@ -85,6 +88,8 @@ class TwpSloPolicy:
     def plan(self, state: StepState) -> StepPlan:
         cfg = self.config
         self.kv_guard.update(state.num_total_blocks - state.num_free_blocks, state.num_total_blocks)
+        if cfg.use_balance_floor:
+            self.window.set_floor(self._balance_floor())
         self.window.update(state.last_step_latency_s)
         self._calibrate(state.last_step_latency_s)
         running = state.running
@@ -185,6 +190,7 @@ class TwpSloPolicy:
                     prefill_ms += budget.cost_ms(tokens, request.num_computed_tokens)
         prefill_ms += self._grant(late, scheduled)
         self.expected.admitted(admitted)
+        self._observe_mix(admitted)
         self._num_forced = len(forced)
         self._predicted_ms = self._latency.decode_ms(num_decoding) + attention_ms + prefill_ms
         if prefill_ms and num_decoding:
@@ -333,6 +339,27 @@ class TwpSloPolicy:
             num_decoding, int(contexts.sum()), int(contexts.max())
         )
 
+    def _balance_floor(self) -> float:
+        """``window.balanced_batch`` for the admitted requests' mean prompt and the learned
+        mean output; 0 until both are known."""
+        if self._mean_prompt is None:
+            return 0.0
+        mean_output = self.expected.mean_output(self._mean_cap)
+        if mean_output is None:
+            return 0.0
+        attention = self._latency.profile.decode_attention_ms_per_kctx
+        return balanced_batch(self.config, attention, self._mean_prompt, mean_output)
+
+    def _observe_mix(self, admitted: Sequence[Request]) -> None:
+        weight = self.config.mix_ema
+        for request in admitted:
+            prompt, cap = float(request.num_prompt_tokens), float(request.max_tokens)
+            if self._mean_prompt is None:
+                self._mean_prompt, self._mean_cap = prompt, cap
+            else:
+                self._mean_prompt += weight * (prompt - self._mean_prompt)
+                self._mean_cap += weight * (cap - self._mean_cap)
+
     def _calibrate(self, step_latency_s: float | None) -> None:
         if step_latency_s is None or not self._predicted_ms:
             return
@@ -410,6 +437,7 @@ class TwpSloPolicy:
         return {
             "request_window": self.window.window,
             "target_window": self.window.target,
+            "balance_floor": self.window.floor,
             "smoothed_itl_ms": self.window.smoothed_itl_ms or 0.0,
             "slowdown": self.window.slowdown,
             "prefill_budget": self._budget,
@@ -431,6 +459,7 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "twp_slo-no_kv_reservation": {"use_kv_reservation": False},
     "twp_slo-no_deferral": {"use_deferral": False},
     "twp_slo-no_late_yield": {"use_late_yield": False},
+    "twp_slo-no_balance_floor": {"use_balance_floor": False},
 }
 # Opt-in changes, off in ``twp_slo`` itself: each variant switches one on.
 OPT_INS: dict[str, dict[str, Any]] = {
