@@ -396,8 +396,8 @@ class OutputLengthEstimator:
         if (step, num_offsets) != self._row_grid:
             self._rows.clear()
             self._row_grid = (step, num_offsets)
-        pooled = self._pooled_curve
-        if pooled is None or budget:
+        curve = None if budget else self._pooled_curve
+        if curve is None:
             # Running to the cap: the row depends on the tokens left only.
             key = (-1, 0, left)
         else:
@@ -405,12 +405,12 @@ class OutputLengthEstimator:
             key = (bucket, progress, left)
         row = self._rows.get(key)
         if row is None:
-            if key[0] < 0 or pooled is None:
+            if curve is None:
                 row = (offsets < left * step).astype(np.float64)
             else:
                 rep_produced = ints_of(progress * step)
                 rep_cap = ints_of((progress + left) * step)
-                rows = pooled.still_running(rep_produced, rep_cap, offsets)
+                rows = curve.still_running(rep_produced, rep_cap, offsets)
                 self._blend(
                     rows, ints_of(key[0]),
                     lambda c, at: c.still_running(rep_produced[at], rep_cap[at], offsets),
@@ -506,10 +506,12 @@ class OutputLengthEstimator:
             produced = own_produced
         buckets = np.searchsorted(self._edges, prompts, side="right")
         tail = self.config.extrapolate_tail
-        self._pooled_curve = SurvivalCurve.fit(_array(self._pooled), produced, tail)
+        self._pooled_curve = SurvivalCurve.fit(ints_of(*self._pooled), produced, tail)
         for b, events in enumerate(self._events):
             self._curves[b] = (
-                SurvivalCurve.fit(_array(events), produced[buckets == b], tail) if events else None
+                SurvivalCurve.fit(ints_of(*events), produced[buckets == b], tail)
+                if events
+                else None
             )
         self._bucketed = any(c is not None for c in self._curves)
 
@@ -517,10 +519,6 @@ class OutputLengthEstimator:
 def ints_of(*values: int) -> IntArray:
     """An int64 array of ``values``."""
     return np.array(values, dtype=np.int64)
-
-
-def _array(values: Iterable[int]) -> IntArray:
-    return np.fromiter(values, dtype=np.int64)
 
 
 def request_columns(requests: Sequence[Request]) -> tuple[IntArray, IntArray, IntArray]:
