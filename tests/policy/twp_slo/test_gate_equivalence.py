@@ -81,6 +81,9 @@ class ReferenceTwpSlo(TwpSloPolicy):
     def plan(self, state: StepState) -> StepPlan:
         cfg = self.config
         self.kv_guard.update(state.num_total_blocks - state.num_free_blocks, state.num_total_blocks)
+        if cfg.use_balance_floor:
+            produced = [r.num_output_tokens for r in state.running]
+            self.window.set_floor(self._balance_floor(np.array(produced, dtype=np.int64)))
         self.window.update(state.last_step_latency_s)
         self._calibrate(state.last_step_latency_s)
         self.expected.observe(state.running, state.step_index)
@@ -152,6 +155,7 @@ class ReferenceTwpSlo(TwpSloPolicy):
                 chunks.append((tokens, request.num_computed_tokens))
         grant(late)
         self.expected.admitted(admitted)
+        self._observe_mix(admitted)
         self._num_forced = len(forced)
         self._predicted_ms = self._reference_predict_ms(num_decoding, chunks)
         return StepPlan(

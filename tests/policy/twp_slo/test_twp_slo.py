@@ -88,6 +88,26 @@ def test_balanced_batch_keeps_decode_and_prefill_in_pace_at_the_target(
     assert window.update(0.080) > 1.0  # moves from B0 toward the floor
 
 
+def test_before_any_finish_the_floor_takes_the_output_streamed_so_far(
+    paper_profile: EngineProfile,
+) -> None:
+    cpu = replace(
+        paper_profile, l_min_ms=43.0, b0=1, alpha_ms=0.6, prefill_ms_per_token=0.46,
+        mixed_prefill_overhead_ms=17.0, decode_attention_ms_per_kctx=4.4,
+    )  # fmt: skip
+    policy = TwpSloPolicy(config(cpu), cpu)
+    assert policy.plan(state([request(0, prompt=245, max_tokens=500)])).admit_ids == (0,)
+    assert policy.telemetry()["balance_floor"] == 0.0  # no output yet
+    policy.plan(state([], [running(0, 245, 500, 1)]))  # one token out: the floor is B0
+    assert policy.telemetry()["balance_floor"] == 1.0
+    # Two requests 40 and 90 tokens into their outputs, none finished: each will produce at
+    # least that much, so their mean (65) stands in for the mean output.
+    policy.plan(state([], [running(0, 245, 500, 40), running(1, 245, 500, 90)]))
+    expected = balanced_batch(policy.config, cpu.decode_attention_ms_per_kctx, 245.0, 65.0)
+    assert expected > 5
+    assert policy.telemetry()["balance_floor"] == pytest.approx(expected)
+
+
 def test_the_balance_floor_keeps_a_cpu_engine_busy(paper_profile: EngineProfile) -> None:
     # Where B* is B0, the window stays at one request and the queue grows; with the floor
     # (learned from the first finished requests) the batch grows and more finish in time.

@@ -44,7 +44,7 @@ class TwpSloConfig:
     use_balance_floor: bool = option(
         True,
         "The window never below the batch at which decode and prefill keep pace under the "
-        "ITL target (window.balanced_batch), once mean prompt and output are known.",
+        "ITL target (window.balanced_batch), once a prompt and an output token are seen.",
     )
     mix_ema: float = option(
         0.05, "Weight of the newest admitted request in the mean prompt and max_tokens."

@@ -88,14 +88,14 @@ class TwpSloPolicy:
     def plan(self, state: StepState) -> StepPlan:
         cfg = self.config
         self.kv_guard.update(state.num_total_blocks - state.num_free_blocks, state.num_total_blocks)
-        if cfg.use_balance_floor:
-            self.window.set_floor(self._balance_floor())
-        self.window.update(state.last_step_latency_s)
-        self._calibrate(state.last_step_latency_s)
         running = state.running
         columns = state.running_columns
         if columns is None:
             columns = RunningColumns.of(running)
+        if cfg.use_balance_floor:
+            self.window.set_floor(self._balance_floor(columns.produced))
+        self.window.update(state.last_step_latency_s)
+        self._calibrate(state.last_step_latency_s)
         self.expected.observe(running, state.step_index, columns.request_ids, columns.produced)
         capacity = self.window.capacity()
 
@@ -339,14 +339,18 @@ class TwpSloPolicy:
             num_decoding, int(contexts.sum()), int(contexts.max())
         )
 
-    def _balance_floor(self) -> float:
+    def _balance_floor(self, produced: npt.NDArray[np.int64]) -> float:
         """``window.balanced_batch`` for the admitted requests' mean prompt and the learned
-        mean output; 0 until both are known."""
+        mean output. Before any request has finished, the running requests' mean output so
+        far (``produced``) stands in for the mean output: each will produce at least that
+        much, so the floor errs low. 0 before a request is admitted or a token produced."""
         if self._mean_prompt is None:
             return 0.0
         mean_output = self.expected.mean_output(self._mean_cap)
         if mean_output is None:
-            return 0.0
+            mean_output = float(produced.mean()) if len(produced) else 0.0
+            if mean_output < 1:
+                return 0.0
         attention = self._latency.profile.decode_attention_ms_per_kctx
         return balanced_batch(self.config, attention, self._mean_prompt, mean_output)
 

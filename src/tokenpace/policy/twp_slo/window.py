@@ -11,7 +11,8 @@ B* keeps one minimum prefill chunk beside the window's decodes in every step; wh
 chunk and the mixing cost take most of the headroom (a CPU engine whose mixed steps cost
 ~17 ms and whose prompt tokens cost 0.46 ms each), B* falls to B0 and the engine idles with
 a queue. So W_base never falls below the batch at which decode and prefill keep pace
-(``balanced_batch``), once the workload's mean prompt and output are known.
+(``balanced_batch``), once the workload's mean prompt and output are known (before any
+request finishes, the output streamed so far stands in for the mean output).
 """
 
 from __future__ import annotations
