@@ -58,6 +58,7 @@ QUICK_SWEEP = SweepConfig(
     prefill_context_starts=(0,),
     mixed_batch_size=4,
     mixed_chunk=16,
+    mixed_split=4,
     steps_per_point=3,
     warmup_steps=1,
     repeats=1,

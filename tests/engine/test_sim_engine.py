@@ -30,6 +30,22 @@ def test_prefill_cost_includes_attention_term_and_mixing(paper_profile: EnginePr
     assert model.step_s(0, []) == 0.0
 
 
+def test_every_prefill_chunk_after_the_first_pays_the_chunk_overhead(
+    paper_profile: EngineProfile,
+) -> None:
+    model = LatencyModel(replace(paper_profile, prefill_chunk_overhead_ms=2.0))
+    chunk = PrefillChunk(num_tokens=16, context_start=0)
+    one = model.step_s(4, [chunk])
+    tokens_s = model.prefill_ms(chunk) / 1000
+    assert model.step_s(4, [chunk] * 3) - one == pytest.approx(2 * tokens_s + 2 * 0.002)
+    assert model.step_s(0, [chunk] * 2) - model.step_s(0, [chunk]) == pytest.approx(
+        tokens_s + 0.002
+    )
+    # The reference profile has none: a step's chunks cost their tokens alone.
+    plain = LatencyModel(paper_profile)
+    assert plain.step_s(4, [chunk] * 3) - plain.step_s(4, [chunk]) == pytest.approx(2 * tokens_s)
+
+
 def test_sim_engine_samples_when_prefill_completes_and_tracks_blocks(
     paper_profile: EngineProfile,
 ) -> None:

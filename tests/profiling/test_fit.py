@@ -45,7 +45,7 @@ def test_eq2_fit_needs_three_points() -> None:
 
 
 def test_prefill_fit_matches_the_simulator_latency_model() -> None:
-    profile = load_profile("v100-llama-3.2-3b")
+    profile = replace(load_profile("v100-llama-3.2-3b"), prefill_chunk_overhead_ms=2.5)
     model = LatencyModel(profile)
     points = [
         PrefillPoint(c, s, 1000 * model.step_s(0, [PrefillChunk(c, s)]))
@@ -53,10 +53,16 @@ def test_prefill_fit_matches_the_simulator_latency_model() -> None:
     ]
     decode_ms = model.decode_ms(8)
     mixed_ms = 1000 * model.step_s(8, [PrefillChunk(64, 0)])
-    fit = fit_prefill(points, profile.l_min_ms, MixedPoint(8, 64, decode_ms, mixed_ms))
+    split_ms = 1000 * model.step_s(8, [PrefillChunk(16, 0)] * 4)
+    assert split_ms == pytest.approx(mixed_ms + 3 * 2.5, abs=0.1)  # less attention, 3 overheads
+    fit = fit_prefill(points, profile.l_min_ms, MixedPoint(8, 64, decode_ms, mixed_ms, 4, split_ms))
     assert fit.ms_per_token == pytest.approx(profile.prefill_ms_per_token)
     assert fit.attention_ms_per_kctx == pytest.approx(profile.prefill_attention_ms_per_kctx)
     assert fit.mixed_overhead_ms == pytest.approx(profile.mixed_prefill_overhead_ms)
+    assert fit.chunk_overhead_ms == pytest.approx(profile.prefill_chunk_overhead_ms)
+    # Without the split step the per-chunk overhead is not measured: 0.
+    alone = fit_prefill(points, profile.l_min_ms, MixedPoint(8, 64, decode_ms, mixed_ms))
+    assert alone.chunk_overhead_ms == 0.0
 
 
 def test_decode_attention_term_is_recovered_and_removed() -> None:

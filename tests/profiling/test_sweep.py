@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tokenpace.profiling.points import DecodePoint, MixedPoint, PrefillPoint
 from tokenpace.profiling.probe import EngineFacts, KvFacts
 from tokenpace.profiling.sweep import SweepConfig, run_sweep
@@ -56,3 +58,11 @@ def test_each_batch_size_keeps_its_median_pass() -> None:
     # Every timed pass is kept for the residual's noise gate, the warm-up pass is not.
     assert sorted(p.step_ms for p in sweep.decode_passes if p.batch_size == 1) == [40.0, 45.0, 90.0]
     assert len(sweep.decode_passes) == 9
+
+
+def test_the_mixed_split_must_divide_the_chunk_into_real_prefills() -> None:
+    assert SweepConfig(mixed_chunk=64, mixed_split=16).mixed_split == 16
+    assert SweepConfig(mixed_batch_size=0, mixed_chunk=16, mixed_split=16).mixed_split == 16
+    for split in (0, 3, 64):  # none, not a divisor, chunks of one token (read as decodes)
+        with pytest.raises(ValueError, match=f"mixed_split .* got {split} for a 64-token"):
+            SweepConfig(mixed_chunk=64, mixed_split=split)

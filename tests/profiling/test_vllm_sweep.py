@@ -28,6 +28,7 @@ SMALL = SweepConfig(
     prefill_context_starts=(0,),
     mixed_batch_size=4,
     mixed_chunk=32,
+    mixed_split=4,
     steps_per_point=4,
     warmup_steps=1,
     repeats=1,
@@ -66,6 +67,10 @@ def test_small_sweep_writes_a_loadable_profile_and_leaves_the_engine_idle(
     assert profile.checkpoint_bytes > 0 and profile.engine_init_s == 0.0
     assert profile.notes["decode"].count("B=") == len(SMALL.batch_sizes)
     assert profile.notes["prefill"].count("C=") == len(SMALL.prefill_chunks)
+    # The mixed point also timed its 32 tokens as 4 prompts in one step (the probe checks
+    # each step's shape), for the per-chunk overhead.
+    assert "with 4 chunks of 8 tokens" in profile.notes["mixed"]
+    assert profile.prefill_chunk_overhead_ms >= 0
     # The sweep aborted or finished every request and gave the scheduler its policy back.
     assert not vllm_llm.llm_engine.has_unfinished_requests()
     assert not scheduler.running and not scheduler.waiting

@@ -65,6 +65,11 @@ class LatencyModel:
         per_token = p.prefill_ms_per_token + p.prefill_attention_ms_per_kctx * mean_context / 1000
         return chunk.num_tokens * per_token
 
+    def chunks_overhead_ms(self, num_chunks: int) -> float:
+        """What ``num_chunks`` prefill chunks in one step cost beyond their tokens: the
+        profile's per-chunk overhead for each chunk beyond the first."""
+        return self.profile.prefill_chunk_overhead_ms * max(0, num_chunks - 1)
+
     def step_s(
         self,
         num_decode: int,
@@ -77,13 +82,15 @@ class LatencyModel:
         ``decode_context_tokens`` (the summed context of the decoding requests; for a
         profile with ``decode_attention_padded``, ``num_decode`` times
         ``decode_max_context``, the longest of them); prefill chunks add their cost, plus
-        the mixing overhead when they share the step with decode tokens."""
+        the mixing overhead when they share the step with decode tokens, plus the per-chunk
+        overhead for every chunk beyond the first (``chunks_overhead_ms``)."""
         if num_decode == 0 and not prefill_chunks:
             return 0.0
         ms = self.decode_ms(num_decode)
         ms += self.decode_attention_ms(num_decode, decode_context_tokens, decode_max_context)
         if prefill_chunks:
             ms += sum(self.prefill_ms(c) for c in prefill_chunks)
+            ms += self.chunks_overhead_ms(len(prefill_chunks))
             if num_decode > 0:
                 ms += self.profile.mixed_prefill_overhead_ms
         return ms / 1000.0

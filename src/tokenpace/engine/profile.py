@@ -29,7 +29,10 @@ class EngineProfile:
     Decode step: ``l_min_ms`` for batch <= ``b0``, plus ``alpha_ms`` per request beyond.
     Prefill: ``prefill_ms_per_token`` per prompt token plus ``prefill_attention_ms_per_kctx``
     per token per 1,000 tokens of context already in the cache (the attention term), plus
-    ``mixed_prefill_overhead_ms`` once when a prefill chunk rides in a decode step.
+    ``mixed_prefill_overhead_ms`` once when a prefill chunk rides in a decode step, and
+    ``prefill_chunk_overhead_ms`` for every prefill chunk beyond the first in one step (an
+    engine that attends and writes KV chunk by chunk pays per chunk; 0 for one that runs a
+    step's chunks as one ragged batch).
     ``decode_attention_ms_per_kctx``: extra decode cost per request per 1,000 tokens of its
     context (0 keeps the paper's Eq. 2, which ignores context); with
     ``decode_attention_padded`` the engine attends every decoding request over the longest
@@ -61,6 +64,7 @@ class EngineProfile:
     decode_attention_ms_per_kctx: float = 0.0
     decode_residual_ms: tuple[tuple[int, float], ...] = ()
     decode_attention_padded: bool = False
+    prefill_chunk_overhead_ms: float = 0.0
     checkpoint_tiers: tuple[CheckpointTier, ...] = ()
     mean_output_tokens: float = 50.0
     dtype: str = ""
@@ -76,6 +80,7 @@ class EngineProfile:
             "prefill_ms_per_token",
             "prefill_attention_ms_per_kctx",
             "mixed_prefill_overhead_ms",
+            "prefill_chunk_overhead_ms",
             "noise_cv",
             "checkpoint_bytes",
         ):

@@ -27,11 +27,13 @@ class Eq2Fit:
 @dataclass(frozen=True, slots=True)
 class PrefillFit:
     """Prefill cost per token (ms) plus an attention term per token per 1,000 context tokens,
-    and the fixed overhead (ms) of carrying a chunk inside a decode step."""
+    the fixed overhead (ms) of carrying a chunk inside a decode step, and what each chunk
+    beyond the first in one step adds (ms)."""
 
     ms_per_token: float
     attention_ms_per_kctx: float
     mixed_overhead_ms: float
+    chunk_overhead_ms: float = 0.0
 
     def chunk_ms(self, num_tokens: int, context_start: int) -> float:
         """Same formula as ``LatencyModel.prefill_ms``."""
@@ -195,8 +197,11 @@ def fit_prefill(
     prefill-only steps (a prefill-only step pays the weight-read floor ``floor_ms``, the
     latency model's decode step with nothing decoding); both terms clamped at 0. The mixing
     overhead is what a decode step with one chunk costs beyond the decode step plus the
-    chunk's model cost (clamped at 0; 0 without a mixed point). With a single point the
-    attention term is 0: one point cannot tell the two terms apart."""
+    chunk's model cost (clamped at 0; 0 without a mixed point). The per-chunk overhead is
+    what the mixed point's split step (the same tokens as k chunks) costs beyond the
+    one-chunk step and the chunks' model costs, over k - 1 (clamped at 0; 0 when the split
+    was not timed). With a single point the attention term is 0: one point cannot tell the
+    two terms apart."""
     if not points:
         raise ValueError("the prefill fit needs at least one prefill point")
     chunk = np.array([p.num_tokens for p in points], dtype=float)
@@ -211,4 +216,11 @@ def fit_prefill(
     if mixed is None:
         return fit
     overhead = mixed.mixed_ms - mixed.decode_ms - fit.chunk_ms(mixed.chunk, 0)
-    return PrefillFit(fit.ms_per_token, fit.attention_ms_per_kctx, max(0.0, overhead))
+    per_chunk = 0.0
+    k = mixed.split_chunks
+    if k > 1:
+        tokens_ms = k * fit.chunk_ms(mixed.split_chunk, 0) - fit.chunk_ms(mixed.chunk, 0)
+        per_chunk = (mixed.split_ms - mixed.mixed_ms - tokens_ms) / (k - 1)
+    return PrefillFit(
+        fit.ms_per_token, fit.attention_ms_per_kctx, max(0.0, overhead), max(0.0, per_chunk)
+    )

@@ -27,9 +27,18 @@ class PrefillPoint:
 
 @dataclass(frozen=True, slots=True)
 class MixedPoint:
-    """Decode step time (ms) of ``batch_size`` requests without and with one prefill chunk."""
+    """Decode step time (ms) of ``batch_size`` requests without and with one prefill chunk
+    of ``chunk`` tokens; ``split_ms``: with the same tokens as ``split_chunks`` chunks of
+    ``chunk // split_chunks`` tokens, one per request (``split_chunks`` 1: not measured)."""
 
     batch_size: int
     chunk: int
     decode_ms: float
     mixed_ms: float
+    split_chunks: int = 1
+    split_ms: float = 0.0
+
+    @property
+    def split_chunk(self) -> int:
+        """Tokens of each chunk of the split step."""
+        return self.chunk // self.split_chunks

@@ -47,6 +47,7 @@ def fitted_terms(eq2: Eq2Fit, prefill: PrefillFit, decode_attention_ms: float) -
         "prefill_ms_per_token": prefill.ms_per_token,
         "prefill_attention_ms_per_kctx": prefill.attention_ms_per_kctx,
         "mixed_prefill_overhead_ms": prefill.mixed_overhead_ms,
+        "prefill_chunk_overhead_ms": prefill.chunk_overhead_ms,
         "decode_attention_ms_per_kctx": decode_attention_ms,
     }
 
@@ -188,4 +189,9 @@ def point_notes(
             f"B={mixed.batch_size}: {mixed.decode_ms:.2f} ms alone, {mixed.mixed_ms:.2f} ms "
             f"with a {mixed.chunk}-token chunk"
         )
+        if mixed.split_chunks > 1:
+            notes["mixed"] += (
+                f", {mixed.split_ms:.2f} ms with {mixed.split_chunks} chunks of "
+                f"{mixed.split_chunk} tokens"
+            )
     return notes

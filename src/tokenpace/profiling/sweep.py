@@ -46,6 +46,13 @@ class SweepConfig:
         8, "Decode batch that carries a prefill chunk (0: no mixed point)."
     )
     mixed_chunk: int = option(64, "Prefill chunk (tokens) carried in a decode step.")
+    # A chunk's overhead (a few ms on a CPU) is small against a noisy 100 ms step: 16
+    # chunks make fifteen of them, a signal the median of a few repeats resolves.
+    mixed_split: int = option(
+        16,
+        "The mixed chunk's tokens are also timed as this many chunks of as many requests, "
+        "for the per-chunk overhead (1: not timed).",
+    )
     steps_per_point: int = option(8, "Timed steps per decode point (median kept).")
     warmup_steps: int = option(2, "Untimed steps before each decode point.")
     repeats: int = option(3, "Repetitions of each prefill and mixed point (median kept).")
@@ -77,6 +84,16 @@ class SweepConfig:
             raise ValueError(
                 "SweepConfig.mixed_batch_size must be >= 0 and mixed_chunk >= 2, got "
                 f"{self.mixed_batch_size} and {self.mixed_chunk}"
+            )
+        split = self.mixed_split
+        if split < 1 or (
+            self.mixed_batch_size
+            and split > 1
+            and (self.mixed_chunk % split or self.mixed_chunk // split < 2)
+        ):
+            raise ValueError(
+                "SweepConfig.mixed_split must be >= 1 and divide mixed_chunk into chunks of at "
+                f"least 2 tokens, got {split} for a {self.mixed_chunk}-token chunk"
             )
         for name in ("context_lengths", "context_batch_sizes", "prefill_context_starts"):
             values = getattr(self, name)

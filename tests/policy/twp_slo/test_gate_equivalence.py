@@ -189,6 +189,7 @@ class ReferenceTwpSlo(TwpSloPolicy):
 
     def _reference_predict_ms(self, num_decoding: int, chunks: list[tuple[int, int]]) -> float:
         prefill_ms = sum(self.budget.cost_ms(t, c) for t, c in chunks)
+        prefill_ms += self._latency.chunks_overhead_ms(len(chunks))
         ms = self._latency.decode_ms(num_decoding) + prefill_ms
         if prefill_ms and num_decoding:
             ms += self.config.mixed_prefill_overhead_ms

@@ -156,6 +156,22 @@ def test_budget_is_shared_by_prefills_and_closes_admission(paper_profile: Engine
     assert plan.num_scheduled_tokens[0] == 100 and plan.num_scheduled_tokens[1] == 46
 
 
+def test_a_second_chunk_in_a_step_pays_the_per_chunk_overhead(
+    paper_profile: EngineProfile,
+) -> None:
+    profile = replace(paper_profile, prefill_chunk_overhead_ms=3.0)
+    policy = TwpSloPolicy(config(profile), profile)
+    waiting = [request(0, prompt=100), request(1, prompt=100), request(2, prompt=30)]
+    plan = policy.plan(state(waiting, [running(100 + i, 10, 500, 1) for i in range(20)]))
+    # 22 ms of budget: request 0's 100 tokens cost 15.05 ms; request 1 pays 3 ms for its
+    # chunk, so 3.95 ms buy 26 tokens (46 without the overhead); request 2 finds none left.
+    assert plan.admit_ids == (0, 1)
+    assert plan.num_scheduled_tokens[0] == 100 and plan.num_scheduled_tokens[1] == 26
+    # The step's prediction carries the overhead too: at the target, not 3 ms under it.
+    predicted = policy._predicted_ms
+    assert predicted is not None and 77.0 < predicted <= policy.config.itl_target_ms
+
+
 def test_telemetry_reports_the_kv_forecast_only_on_steps_that_computed_it(
     paper_profile: EngineProfile,
 ) -> None:

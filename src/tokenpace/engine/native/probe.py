@@ -110,7 +110,8 @@ class NativeProbe:
                 f"a {max(contexts)}-token context point needs max_model_len >= {longest}, "
                 f"the engine has {kv.max_model_len}"
             )
-        sizes = (*config.batch_sizes, *config.context_batch_sizes, config.mixed_batch_size + 1)
+        mixed = config.mixed_batch_size + config.mixed_split
+        sizes = (*config.batch_sizes, *config.context_batch_sizes, mixed)
         if max(sizes) > kv.max_num_seqs:
             raise ValueError(
                 f"{max(sizes)} requests at once need max_num_seqs >= {max(sizes)}, "
@@ -166,26 +167,36 @@ class NativeProbe:
         return PrefillPoint(num_tokens, context_start, statistics.median(times))
 
     def mixed(self, config: SweepConfig) -> MixedPoint:
-        alone, mixed = [], []
+        split = config.mixed_split
+        alone, mixed, divided = [], [], []
         with self._batch(config.mixed_batch_size, config.decode_context) as requests:
             for _ in range(config.warmup_steps):
                 self._decode_step(requests, [])
             for _ in range(config.repeats):
                 alone.append(self._decode_step(requests, []))
-                extra = Request(
-                    next(self._ids), config.mixed_chunk, 1, 0.0, sampling=_GREEDY_NO_EOS
-                )
-                try:
-                    chunk = ScheduledChunk(extra, config.mixed_chunk)
-                    mixed.append(self._decode_step(requests, [chunk]))
-                finally:
-                    self._engine.free(extra.request_id)
+                mixed.append(self._with_prompts(requests, [config.mixed_chunk]))
+                if split > 1:
+                    chunks = [config.mixed_chunk // split] * split
+                    divided.append(self._with_prompts(requests, chunks))
         return MixedPoint(
             config.mixed_batch_size,
             config.mixed_chunk,
             statistics.median(alone),
             statistics.median(mixed),
+            split,
+            statistics.median(divided) if divided else 0.0,
         )
+
+    def _with_prompts(self, requests: list[Request], prompts: list[int]) -> float:
+        """A decode step of ``requests`` that also prefills one fresh prompt of each length
+        in ``prompts`` whole (ms)."""
+        extra = [Request(next(self._ids), n, 1, 0.0, sampling=_GREEDY_NO_EOS) for n in prompts]
+        try:
+            chunks = [ScheduledChunk(r, r.num_prompt_tokens) for r in extra]
+            return self._decode_step(requests, chunks)
+        finally:
+            for r in extra:
+                self._engine.free(r.request_id)
 
 
 def _deliver(request: Request, token: int) -> None:

@@ -147,7 +147,8 @@ def _decode_tokens(config: SweepConfig) -> int:
 
 def _mixed_tokens(config: SweepConfig) -> int:
     """Output tokens of a mixed-point decode request (it is aborted once timed)."""
-    return 1 + config.warmup_steps + 2 * (config.repeats + 1) + 2
+    steps_per_repeat = 3 if config.mixed_split > 1 else 2
+    return 1 + config.warmup_steps + steps_per_repeat * (config.repeats + 1) + 2
 
 
 def _median_ms(latencies_s: Sequence[float]) -> float:
@@ -204,8 +205,9 @@ def time_prefill(llm: Any, config: SweepConfig, num_tokens: int) -> PrefillPoint
 
 def time_mixed(llm: Any, config: SweepConfig) -> MixedPoint:
     """A decode batch stepped alone, then with one prompt of ``mixed_chunk`` tokens
-    arriving, alternately; the first pair is untimed (the mixed shape's warm-up)."""
-    size, chunk = config.mixed_batch_size, config.mixed_chunk
+    arriving, then (``mixed_split`` > 1) with that many prompts sharing those tokens, in
+    turn; the first round is untimed (the mixed shapes' warm-up)."""
+    size, chunk, split = config.mixed_batch_size, config.mixed_chunk, config.mixed_split
     budget = int(llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens)
     num_tokens = _mixed_tokens(config) + _num_prefill_steps(size, config.decode_context, budget)
     with driving(llm) as driver:
@@ -218,25 +220,36 @@ def time_mixed(llm: Any, config: SweepConfig) -> MixedPoint:
             started.update(o.request_id for o in driver.step()[1] if o.outputs[0].token_ids)
         for _ in range(config.warmup_steps):
             driver.step()
-        pairs = []
+        rounds = []
         for _ in range(config.repeats + 1):
             alone = driver.step()[0]
             driver.add(chunk, 1)
-            pairs.append((alone, driver.step()[0]))
+            mixed = driver.step()[0]
+            divided = mixed
+            if split > 1:
+                for _ in range(split):
+                    driver.add(chunk // split, 1)
+                divided = driver.step()[0]
+            rounds.append((alone, mixed, divided))
         driver.step()
         records, latency = driver.records(), driver.latencies_s()
-    for alone, mixed in pairs:
-        if _shape(records[alone]) != (size, 0) or _shape(records[mixed]) != (size, chunk):
+    for alone, mixed, divided in rounds:
+        if _shape(records[alone]) != (size, 0) or {
+            _shape(records[mixed]),
+            _shape(records[divided]),
+        } != {(size, chunk)}:
             raise RuntimeError(
-                f"mixed point: steps {alone} and {mixed} are not {size} decodes alone and "
-                f"with a {chunk}-token chunk"
+                f"mixed point: steps {alone}, {mixed} and {divided} are not {size} decodes "
+                f"alone, with a {chunk}-token chunk and with it in {split} chunks"
             )
-    timed = pairs[1:]
+    timed = rounds[1:]
     return MixedPoint(
         size,
         chunk,
-        _median_ms([latency[alone] for alone, _ in timed]),
-        _median_ms([latency[mixed] for _, mixed in timed]),
+        _median_ms([latency[alone] for alone, _, _ in timed]),
+        _median_ms([latency[mixed] for _, mixed, _ in timed]),
+        split,
+        _median_ms([latency[divided] for _, _, divided in timed]) if split > 1 else 0.0,
     )
 
 
@@ -268,7 +281,7 @@ def check_fits(llm: Any, config: SweepConfig) -> None:
                 f"a {context}-token context point needs max_model_len >= {length}, "
                 f"the engine has {max_model_len}"
             )
-        num_seqs = size + 1 if (size, context) == mixed else size
+        num_seqs = size + config.mixed_split if (size, context) == mixed else size
         if num_seqs > max_num_seqs:
             raise ValueError(
                 f"{num_seqs} requests at once need max_num_seqs >= {num_seqs}, got {max_num_seqs}"

@@ -192,6 +192,7 @@ class TwpSloPolicy:
         self.expected.admitted(admitted)
         self._observe_mix(admitted)
         self._num_forced = len(forced)
+        prefill_ms += self._latency.chunks_overhead_ms(len(scheduled) - num_decoding)
         self._predicted_ms = self._latency.decode_ms(num_decoding) + attention_ms + prefill_ms
         if prefill_ms and num_decoding:
             self._predicted_ms += cfg.mixed_prefill_overhead_ms

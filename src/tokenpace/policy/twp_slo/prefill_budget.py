@@ -6,8 +6,9 @@ mixing cost, with l(B) the profile's decode latency of the B decoding requests (
 its measured residual, plus the decode attention term over their contexts when the profile
 has one). The
 budget is spent on prefill chunks one request at a time, each chunk costing its tokens at the
-profile's per-token rate plus the attention term over its context, so the step's predicted
-latency never exceeds the target; a chunk is cut to what the remaining budget pays for. With
+profile's per-token rate plus the attention term over its context, and every chunk after
+the step's first the profile's per-chunk overhead, so the step's predicted latency never
+exceeds the target; a chunk is cut to what the remaining budget pays for. With
 no request decoding nobody's ITL is at stake, and the step may carry ``max_tokens`` of
 prefill (at least one chunk, so prefill-only work never starves). All costs are scaled by the
 measured/predicted latency ratio, so the budget shrinks when the engine runs slower than its
@@ -27,7 +28,8 @@ class PrefillBudget:
     ``open(num_decoding, target_ms, scale)`` starts a step; ``grant(uncomputed, context)``
     returns how many of a request's ``uncomputed`` tokens, the first of which sits at
     ``context`` tokens of context, this step pays for (0 once the budget is spent);
-    ``tokens`` is the flat-rate token equivalent of the budget when the step opened.
+    ``tokens`` is the flat-rate token equivalent of the budget when the step opened;
+    ``num_chunks`` the chunks granted since.
     """
 
     def __init__(self, latency: LatencyModel, max_tokens: int) -> None:
@@ -36,6 +38,7 @@ class PrefillBudget:
         self.left_ms = 0.0
         self.tokens_left = 0
         self.tokens = 0
+        self.num_chunks = 0
         self._scale = 1.0
 
     def headroom_ms(
@@ -55,6 +58,7 @@ class PrefillBudget:
     ) -> int:
         """Start a step; returns the budget's flat-rate token equivalent (``tokens``)."""
         self._scale = scale
+        self.num_chunks = 0
         self.left_ms = max(0.0, self.headroom_ms(num_decoding, target_ms, scale, attention_ms))
         per_token = self._latency.profile.prefill_ms_per_token
         flat = self.left_ms / per_token if per_token > 0 else math.inf
@@ -75,14 +79,17 @@ class PrefillBudget:
         )
 
     def affordable(self, uncomputed: int, context: int) -> int:
-        """The largest chunk (<= ``uncomputed``) the budget left pays for, without spending."""
+        """The largest chunk (<= ``uncomputed``) the budget left pays for, with the
+        per-chunk overhead when it is not the step's first, without spending."""
         if uncomputed <= 0 or self.tokens_left <= 0:
             return 0
         p = self._latency.profile
+        budget = self.left_ms - self._overhead_ms()
+        if budget <= 0:
+            return 0
         # cost(t) = a t^2 + b t with a = attn / 2000, b = per_token + attn (context + 1/2) / 1000.
         a = p.prefill_attention_ms_per_kctx / 2000
         b = p.prefill_ms_per_token + p.prefill_attention_ms_per_kctx * (context + 0.5) / 1000
-        budget = self.left_ms
         if math.isinf(budget):
             tokens = uncomputed
         elif a > 0:
@@ -99,6 +106,13 @@ class PrefillBudget:
         """Spend the budget on up to ``uncomputed`` tokens of a request; returns the chunk."""
         tokens = self.affordable(uncomputed, context)
         if tokens > 0:
-            self.left_ms -= self.cost_ms(tokens, context)
+            self.left_ms -= self.cost_ms(tokens, context) + self._overhead_ms()
             self.tokens_left -= tokens
+            self.num_chunks += 1
         return tokens
+
+    def _overhead_ms(self) -> float:
+        """What the next chunk costs beyond its tokens: the profile's per-chunk overhead
+        unless it is the step's first."""
+        latency, n = self._latency, self.num_chunks
+        return latency.chunks_overhead_ms(n + 1) - latency.chunks_overhead_ms(n)
