@@ -164,9 +164,14 @@ def run_sweep(probe: TimingProbe, config: SweepConfig, log: Log = lambda _m: Non
         log(f"prefill C={chunk.num_tokens} start={chunk.context_start}: {chunk.step_ms:.1f} ms")
     mixed = probe.mixed(config) if config.mixed_batch_size else None
     if mixed is not None:
+        split = (
+            f", as {mixed.split_chunks} chunks {mixed.split_ms:.1f} ms"
+            if mixed.split_chunks > 1
+            else ""
+        )
         log(
             f"mixed: decode {mixed.decode_ms:.1f} ms, with a {mixed.chunk}-token chunk "
-            f"{mixed.mixed_ms:.1f} ms"
+            f"{mixed.mixed_ms:.1f} ms{split}"
         )
     return Sweep(decode.decode, decode.context, tuple(prefill), mixed, probe.kv, decode.passes)
 
