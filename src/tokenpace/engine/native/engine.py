@@ -293,16 +293,26 @@ class NativeEngine(BlockAccountedEngine):
         visible = torch.arange(max_len)[None, :] < span_lengths[:, None]
         spans: list[PrefillSpan] = []
         row = len(decode)
+        write_rows = list(range(len(decode)))
+        write_slots, write_positions = list(slots), [n - 1 for n in lengths]
         for chunk in prefill:
-            start = chunk.request.num_computed_tokens
-            spans.append(PrefillSpan(row, chunk.num_tokens, self._slot(chunk.request), start))
+            start, slot = chunk.request.num_computed_tokens, self._slot(chunk.request)
+            prefill_span = PrefillSpan.of(row, chunk.num_tokens, slot, start, device)
+            spans.append(prefill_span)
+            if not prefill_span.write_by_slice:
+                write_rows += range(row, row + chunk.num_tokens)
+                write_slots += [slot] * chunk.num_tokens
+                write_positions += range(start, start + chunk.num_tokens)
             row += chunk.num_tokens
         return StepLayout(
             cache=self._cache,
             decode_slots=torch.tensor(slots, dtype=torch.long, device=device),
             decode_positions=torch.tensor(
-                [n - 1 for n in lengths], dtype=torch.long, device=device
+                write_positions[: len(decode)], dtype=torch.long, device=device
             ),
+            write_rows=torch.tensor(write_rows, dtype=torch.long, device=device),
+            write_slots=torch.tensor(write_slots, dtype=torch.long, device=device),
+            write_positions=torch.tensor(write_positions, dtype=torch.long, device=device),
             decode_visible=visible.to(device),
             decode_max_len=max_len,
             decode_is_dense=slots == list(range(span)),
