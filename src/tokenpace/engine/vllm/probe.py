@@ -270,9 +270,10 @@ def check_fits(llm: Any, config: SweepConfig) -> None:
     points += [(size, n) for size in config.context_batch_sizes for n in config.context_lengths]
     outputs = {p: _decode_tokens(config) + _num_prefill_steps(*p, budget) for p in points}
     mixed = (config.mixed_batch_size, config.decode_context)
-    outputs[mixed] = max(
-        outputs.get(mixed, 0), _mixed_tokens(config) + _num_prefill_steps(*mixed, budget)
-    )
+    if config.mixed_batch_size:
+        outputs[mixed] = max(
+            outputs.get(mixed, 0), _mixed_tokens(config) + _num_prefill_steps(*mixed, budget)
+        )
     for (size, context), num_outputs in outputs.items():
         length = context + num_outputs
         blocks = size * -(-length // block_size)
@@ -281,6 +282,7 @@ def check_fits(llm: Any, config: SweepConfig) -> None:
                 f"a {context}-token context point needs max_model_len >= {length}, "
                 f"the engine has {max_model_len}"
             )
+        # The mixed point adds one prompt, then mixed_split of them, to its batch.
         num_seqs = size + config.mixed_split if (size, context) == mixed else size
         if num_seqs > max_num_seqs:
             raise ValueError(
