@@ -4,8 +4,10 @@ residual), prefill and mixing costs."""
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tokenpace.engine.attention_plan import peeled
 from tokenpace.engine.profile import EngineProfile
 
 
@@ -33,14 +35,27 @@ class LatencyModel:
         return eq2 + self.residual_ms(batch_size) if self._residual_sizes else eq2
 
     def decode_attention_ms(
-        self, num_decode: int, decode_context_tokens: int, decode_max_context: int
+        self,
+        num_decode: int,
+        decode_context_tokens: int,
+        decode_max_context: int,
+        decode_contexts: Sequence[int] | None = None,
     ) -> float:
         """The decode attention term (ms) of ``num_decode`` requests whose contexts sum to
         ``decode_context_tokens``, the longest ``decode_max_context``: per 1,000 tokens of
         the summed context, or of ``num_decode`` x the longest one for a profile with
-        ``decode_attention_padded``."""
+        ``decode_attention_padded``; with ``decode_attention_peeled`` and the contexts
+        themselves (``decode_contexts``), of what the engine's split of the padded batch
+        attends (``attention_plan.peeled``)."""
         p = self.profile
         attended = num_decode * decode_max_context if p.decode_attention_padded else 0
+        if attended and p.decode_attention_peeled and decode_contexts is not None:
+            longest_first = sorted(decode_contexts, reverse=True)
+            _, equivalent = peeled(
+                longest_first, num_decode, p.decode_attention_peeled,
+                p.decode_attention_call_tokens,
+            )  # fmt: skip
+            attended = max(1, int(equivalent))
         return p.decode_attention_ms_per_kctx * (attended or decode_context_tokens) / 1000
 
     def residual_ms(self, batch_size: float) -> float:
@@ -76,6 +91,7 @@ class LatencyModel:
         prefill_chunks: list[PrefillChunk],
         decode_context_tokens: int = 0,
         decode_max_context: int = 0,
+        decode_contexts: Sequence[int] | None = None,
     ) -> float:
         """A step always pays the weight-read floor (decode_ms of its decode batch, its value
         at batch 0 when only prefill runs) plus the decode attention term over
@@ -87,7 +103,9 @@ class LatencyModel:
         if num_decode == 0 and not prefill_chunks:
             return 0.0
         ms = self.decode_ms(num_decode)
-        ms += self.decode_attention_ms(num_decode, decode_context_tokens, decode_max_context)
+        ms += self.decode_attention_ms(
+            num_decode, decode_context_tokens, decode_max_context, decode_contexts
+        )
         if prefill_chunks:
             ms += sum(self.prefill_ms(c) for c in prefill_chunks)
             ms += self.chunks_overhead_ms(len(prefill_chunks))

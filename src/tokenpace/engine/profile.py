@@ -37,7 +37,10 @@ class EngineProfile:
     context (0 keeps the paper's Eq. 2, which ignores context); with
     ``decode_attention_padded`` the engine attends every decoding request over the longest
     context in its batch (a padded batch, as the native engine's slot cache does), so the
-    term counts batch size times the longest context instead of the summed context.
+    term counts batch size times the longest context instead of the summed context; with
+    ``decode_attention_peeled`` > 0 it attends up to that many of the longest on their own
+    when that saves more than their calls cost (``decode_attention_call_tokens`` attended
+    tokens each; ``engine.attention_plan``).
     ``decode_residual_ms``: (batch size, ms) pairs, increasing in batch size: what each
     swept decode batch measured beyond Eq. 2 (context term removed). The latency model adds
     it, interpolated linearly between the swept sizes and held at the end values beyond
@@ -65,6 +68,8 @@ class EngineProfile:
     decode_residual_ms: tuple[tuple[int, float], ...] = ()
     decode_attention_padded: bool = False
     prefill_chunk_overhead_ms: float = 0.0
+    decode_attention_peeled: int = 0
+    decode_attention_call_tokens: float = 0.0
     checkpoint_tiers: tuple[CheckpointTier, ...] = ()
     mean_output_tokens: float = 50.0
     dtype: str = ""
@@ -81,6 +86,8 @@ class EngineProfile:
             "prefill_attention_ms_per_kctx",
             "mixed_prefill_overhead_ms",
             "prefill_chunk_overhead_ms",
+            "decode_attention_peeled",
+            "decode_attention_call_tokens",
             "noise_cv",
             "checkpoint_bytes",
         ):

@@ -44,6 +44,7 @@ class SimEngine(BlockAccountedEngine):
         num_decode = 0
         decode_context = 0
         decode_max_context = 0
+        decode_contexts: list[int] = []
         prefill: list[PrefillChunk] = []
         sampled: dict[int, int] = {}
         stopped: set[int] = set()
@@ -66,12 +67,15 @@ class SimEngine(BlockAccountedEngine):
                 num_decode += 1
                 decode_context += computed
                 decode_max_context = max(decode_max_context, computed)
+                decode_contexts.append(computed)
             request.num_computed_tokens = computed + chunk.num_tokens
             if computed + chunk.num_tokens == num_tokens:
                 sampled[request.request_id] = SIM_TOKEN_ID
                 if num_output + 1 >= lengths.get(request.request_id, request.max_tokens):
                     stopped.add(request.request_id)
-        latency = self._latency.step_s(num_decode, prefill, decode_context, decode_max_context)
+        latency = self._latency.step_s(
+            num_decode, prefill, decode_context, decode_max_context, decode_contexts
+        )
         if self.profile.noise_cv > 0 and latency > 0:
             factor = 1.0 + self.profile.noise_cv * float(self._rng.standard_normal())
             latency *= max(_MIN_NOISE_FACTOR, factor)

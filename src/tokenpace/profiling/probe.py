@@ -38,14 +38,17 @@ class EngineFacts:
     """What a profile records about the engine besides step times: its name
     (``<engine>-<model>-<dtype>-<device>``), checkpoint size (bytes), load bandwidth per
     checkpoint tier and notes (measured values, how); ``decode_attention_padded`` when the
-    engine attends every decoding request over its batch's longest context (see
-    ``EngineProfile``)."""
+    engine attends every decoding request over its batch's longest context, and the rule by
+    which it attends the longest few on their own (``decode_attention_peeled``,
+    ``decode_attention_call_tokens``; see ``EngineProfile``)."""
 
     name: str
     checkpoint_bytes: int
     checkpoint_tiers: tuple[CheckpointTier, ...]
     notes: dict[str, str]
     decode_attention_padded: bool = False
+    decode_attention_peeled: int = 0
+    decode_attention_call_tokens: float = 0.0
 
 
 class TimingProbe(Protocol):

@@ -89,6 +89,8 @@ def fit_profile(
         **fitted_terms(eq2, prefill_fit, decode_attention),
         decode_residual_ms=residual,
         decode_attention_padded=facts.decode_attention_padded,
+        decode_attention_peeled=facts.decode_attention_peeled,
+        decode_attention_call_tokens=facts.decode_attention_call_tokens,
         noise_cv=float(np.median([p.cv for p in sweep.decode])),
         block_size=sweep.kv.block_size,
         num_gpu_blocks=sweep.kv.num_gpu_blocks,

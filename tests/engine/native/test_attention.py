@@ -36,7 +36,8 @@ def reference(q: Any, keys: Any, values: Any, slot: int, pos: int) -> Any:
     return out
 
 
-def test_step_attention_writes_kv_and_attends_like_the_row_by_row_reference() -> None:
+@pytest.mark.parametrize("peel", [False, True], ids=["padded", "longest-peeled"])
+def test_step_attention_writes_kv_and_attends_like_the_row_by_row_reference(peel: bool) -> None:
     gen = torch.Generator().manual_seed(0)
     cache = SlotKVCache(KVShape(1, KV_HEADS, DIM), torch.float32, torch.device("cpu"), 8, 128)
     # (slot, context already cached, new tokens): two decodes, a fresh chunk, a short and
@@ -61,8 +62,11 @@ def test_step_attention_writes_kv_and_attends_like_the_row_by_row_reference() ->
         cache=cache,
         decode_slots=torch.tensor([s for s, _ in decodes]),
         decode_positions=torch.tensor([p for _, p in decodes]),
-        decode_visible=torch.arange(11)[None, :] <= torch.tensor([10, 5])[:, None],
-        decode_max_len=11,
+        # Peeled, the longest decode (11 keys) is attended on its own and the padded call
+        # stops at the other's 6 keys.
+        decode_visible=torch.arange(6 if peel else 11)[None, :] <= torch.tensor([10, 5])[:, None],
+        decode_max_len=6 if peel else 11,
+        decode_peeled=((0, 0, 11),) if peel else (),
         decode_is_dense=True,
         prefills=tuple(spans),
         write_rows=torch.tensor([r for r, _, _ in write]),

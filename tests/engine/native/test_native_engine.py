@@ -69,6 +69,34 @@ def test_batched_greedy_equals_generate(
     assert engine.forward_path == "fused"
 
 
+def test_greedy_equals_generate_with_the_longest_decodes_attended_on_their_own(
+    make_engine: EngineFactory,
+    prompt_ids: list[list[int]],
+    references: list[list[int]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A free call: every step whose decodes differ in length peels its longest.
+    from tokenpace.engine.native import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "PEEL_CALL_TOKENS", 0)
+    peels = []
+    layout = engine_module.NativeEngine._layout
+
+    def recording(self: NativeEngine, *args: Any) -> Any:
+        result = layout(self, *args)
+        peels.append(len(result.decode_peeled))
+        return result
+
+    monkeypatch.setattr(engine_module.NativeEngine, "_layout", recording)
+    engine = make_engine(dtype="float32")
+    loop = StepLoop(twp(), engine)
+    requests = [make_request(i, ids) for i, ids in enumerate(prompt_ids)]
+    run(loop, requests)
+    assert max(peels) >= 2, "no step attended its longest decodes on their own"
+    for request, reference in zip(requests, references, strict=True):
+        assert request.output_token_ids == reference, f"request {request.request_id}"
+
+
 def test_transformers_forward_path_equals_generate(
     make_engine: EngineFactory, prompt_ids: list[list[int]], references: list[list[int]]
 ) -> None:

@@ -28,6 +28,12 @@ ATTENTION_NAME = "tokenpace_slots"
 # call: one write of everything made a 512-token prefill 2-4% slower, and each 4-token
 # chunk about 1 ms cheaper.
 INDEXED_WRITE_MAX_TOKENS = 32
+# Decode attention is padded to the longest context of its call; up to this many of the
+# longest requests are attended on their own when that saves more than their calls cost
+# (``engine.attention_plan.peeled``). One more SDPA call per layer cost about 12 us on the
+# 2-core CPU here, what about 128 tokens of a padded row cost.
+MAX_PEELED = 4
+PEEL_CALL_TOKENS = 128
 LAYOUT_KWARG = "tokenpace_layout"
 
 
@@ -63,6 +69,8 @@ class PrefillSpan:
 class StepLayout:
     """Where every flattened token of a step lives in the KV cache.
 
+    ``decode_peeled``: (row, slot, length) of the decode rows attended on their own over
+    their ``length`` keys; the padded call covers the others up to ``decode_max_len``.
     Decode rows ``0 .. len(decode_slots) - 1`` write position ``decode_positions[i]`` of
     slot ``decode_slots[i]`` (slots ascending); ``write_rows`` (the decode rows, then those
     of the prefill spans that do not write by slice) write positions ``write_positions`` of
@@ -82,6 +90,7 @@ class StepLayout:
     write_rows: torch.Tensor
     write_slots: torch.Tensor
     write_positions: torch.Tensor
+    decode_peeled: tuple[tuple[int, int, int], ...] = ()
 
     @property
     def num_decode(self) -> int:
@@ -179,6 +188,11 @@ def _decode(
     out = F.scaled_dot_product_attention(grouped, k, v, attn_mask=mask, scale=scale)
     if not layout.decode_is_dense:
         out = out[layout.decode_slots]
+    for row, slot, length in layout.decode_peeled:
+        one = q[row].reshape(1, num_kv_heads, num_q_heads // num_kv_heads, dim)
+        out[row] = F.scaled_dot_product_attention(
+            one, keys[slot : slot + 1, :, :length], values[slot : slot + 1, :, :length], scale=scale
+        )[0]
     return out.reshape(n, num_q_heads, dim)
 
 

@@ -13,9 +13,16 @@ import torch
 from tokenpace.core.logprobs import TokenLogprob
 from tokenpace.core.request import Request
 from tokenpace.core.step import ScheduledChunk, StepResult
+from tokenpace.engine.attention_plan import peeled
 from tokenpace.engine.kv_blocks import BlockAccountant, BlockAccountedEngine
 from tokenpace.engine.native import attention
-from tokenpace.engine.native.attention import LAYOUT_KWARG, PrefillSpan, StepLayout
+from tokenpace.engine.native.attention import (
+    LAYOUT_KWARG,
+    MAX_PEELED,
+    PEEL_CALL_TOKENS,
+    PrefillSpan,
+    StepLayout,
+)
 from tokenpace.engine.native.config import NativeEngineConfig
 from tokenpace.engine.native.fused_forward import FusedForward, unsupported_reason
 from tokenpace.engine.native.kv_cache import KVShape, SlotKVCache
@@ -286,7 +293,14 @@ class NativeEngine(BlockAccountedEngine):
         slots = [self._slot(c.request) for c in decode]
         lengths = [c.request.num_computed_tokens + 1 for c in decode]
         span = slots[-1] + 1 if slots else 0
-        max_len = max(lengths, default=0)
+        # The longest few may be attended on their own; the padded call covers the rest up
+        # to the longest of them.
+        longest_first = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+        num_peeled, _ = peeled(
+            [lengths[i] for i in longest_first], span, MAX_PEELED, PEEL_CALL_TOKENS
+        )
+        peeled_rows = longest_first[:num_peeled]
+        max_len = lengths[longest_first[num_peeled]] if lengths else 0
         # Slots that sit this step out still see one key: a fully masked row gives NaN.
         span_lengths = torch.ones(span, dtype=torch.long)
         span_lengths[slots] = torch.tensor(lengths, dtype=torch.long)
@@ -317,6 +331,7 @@ class NativeEngine(BlockAccountedEngine):
             decode_max_len=max_len,
             decode_is_dense=slots == list(range(span)),
             prefills=tuple(spans),
+            decode_peeled=tuple((row, slots[row], lengths[row]) for row in peeled_rows),
         )
 
     def _forward(

@@ -17,6 +17,7 @@ from pathlib import Path
 from tokenpace.core.request import Request
 from tokenpace.core.sampling import SamplingParams
 from tokenpace.core.step import ScheduledChunk
+from tokenpace.engine.native.attention import MAX_PEELED, PEEL_CALL_TOKENS
 from tokenpace.engine.native.engine import NativeEngine
 from tokenpace.engine.native.loading import gguf_source, load_gguf, load_model
 from tokenpace.engine.profile import CheckpointTier
@@ -95,11 +96,14 @@ class NativeProbe:
         name = f"native-{Path(config.model).name}-{dtype}-{loaded.device.type}"
         notes["decode_attention_padded"] = (
             "Decode attends the packed slot rows up to the batch's longest context, masked: "
-            "its cost grows with batch size times the longest context."
+            f"its cost grows with batch size times the longest context; up to {MAX_PEELED} "
+            "of the longest are attended on their own where that saves more than a call's "
+            f"cost ({PEEL_CALL_TOKENS} tokens' worth)."
         )
         return EngineFacts(
-            name, checkpoint_bytes, tuple(tiers), notes, decode_attention_padded=True
-        )
+            name, checkpoint_bytes, tuple(tiers), notes, decode_attention_padded=True,
+            decode_attention_peeled=MAX_PEELED, decode_attention_call_tokens=PEEL_CALL_TOKENS,
+        )  # fmt: skip
 
     def check(self, config: SweepConfig) -> None:
         kv = self.kv

@@ -337,7 +337,7 @@ class TwpSloPolicy:
         if len(prefilling_at):
             contexts = np.delete(contexts, prefilling_at)
         return self._latency.decode_attention_ms(
-            num_decoding, int(contexts.sum()), int(contexts.max())
+            num_decoding, int(contexts.sum()), int(contexts.max()), contexts.tolist()
         )
 
     def _balance_floor(self, produced: npt.NDArray[np.int64]) -> float:
