@@ -35,6 +35,16 @@ def config(profile: EngineProfile, **overrides: object) -> TwpSloConfig:
     )
 
 
+def cpu_like(profile: EngineProfile, noise_cv: float | None = None) -> EngineProfile:
+    """A CPU engine's shape: l_min 43 ms, B0 1, mixing 17 ms, prompt tokens 0.46 ms each and
+    decode attention 4.4 ms per 1,000 tokens of context (``profile``'s noise unless given)."""
+    return replace(
+        profile, l_min_ms=43.0, b0=1, alpha_ms=0.6, prefill_ms_per_token=0.46,
+        mixed_prefill_overhead_ms=17.0, decode_attention_ms_per_kctx=4.4,
+        noise_cv=profile.noise_cv if noise_cv is None else noise_cv,
+    )  # fmt: skip
+
+
 def test_profile_batch_target(paper_profile: EngineProfile) -> None:
     # reserve = 3 + 64 * 0.15 = 12.6; headroom = 80 - 43 - 12.6 = 24.4 -> B* = 32.4
     assert profile_batch_target(config(paper_profile)) == pytest.approx(32.4)
@@ -65,10 +75,7 @@ def test_balanced_batch_keeps_decode_and_prefill_in_pace_at_the_target(
 ) -> None:
     # A CPU-like profile: mixing costs 17 ms and prompt tokens 0.46 ms, so one 64-token chunk
     # plus the mixing cost (46 ms) exceeds the 37 ms of headroom and B* falls to B0.
-    cpu = replace(
-        paper_profile, l_min_ms=43.0, b0=1, alpha_ms=0.6, prefill_ms_per_token=0.46,
-        mixed_prefill_overhead_ms=17.0, decode_attention_ms_per_kctx=4.4,
-    )  # fmt: skip
+    cpu = cpu_like(paper_profile)
     cfg = config(cpu)
     assert profile_batch_target(cfg) == 1.0
     prompt, output = 245.0, 65.0
@@ -91,10 +98,7 @@ def test_balanced_batch_keeps_decode_and_prefill_in_pace_at_the_target(
 def test_before_any_finish_the_floor_takes_the_output_streamed_so_far(
     paper_profile: EngineProfile,
 ) -> None:
-    cpu = replace(
-        paper_profile, l_min_ms=43.0, b0=1, alpha_ms=0.6, prefill_ms_per_token=0.46,
-        mixed_prefill_overhead_ms=17.0, decode_attention_ms_per_kctx=4.4,
-    )  # fmt: skip
+    cpu = cpu_like(paper_profile)
     policy = TwpSloPolicy(config(cpu), cpu)
     assert policy.plan(state([request(0, prompt=245, max_tokens=500)])).admit_ids == (0,)
     assert policy.telemetry()["balance_floor"] == 0.0  # no output yet
@@ -111,10 +115,7 @@ def test_before_any_finish_the_floor_takes_the_output_streamed_so_far(
 def test_the_balance_floor_keeps_a_cpu_engine_busy(paper_profile: EngineProfile) -> None:
     # Where B* is B0, the window stays at one request and the queue grows; with the floor
     # (learned from the first finished requests) the batch grows and more finish in time.
-    cpu = replace(
-        paper_profile, l_min_ms=43.0, b0=1, alpha_ms=0.6, prefill_ms_per_token=0.46,
-        mixed_prefill_overhead_ms=17.0, decode_attention_ms_per_kctx=4.4, noise_cv=0.0,
-    )  # fmt: skip
+    cpu = cpu_like(paper_profile, noise_cv=0.0)
     slo = Slo(6000, 90)  # target 85.5 ms: B* = B0 = 1
     workload = PoissonWorkload(
         rate_per_s=1.2, duration_s=40.0, max_requests=40,
