@@ -336,8 +336,10 @@ class TwpSloPolicy:
         contexts = columns.computed
         if len(prefilling_at):
             contexts = np.delete(contexts, prefilling_at)
+        # The contexts one by one only where the profile splits a padded batch by them.
+        each = contexts.tolist() if self._latency.profile.decode_attention_peeled else None
         return self._latency.decode_attention_ms(
-            num_decoding, int(contexts.sum()), int(contexts.max()), contexts.tolist()
+            num_decoding, int(contexts.sum()), int(contexts.max()), each
         )
 
     def _balance_floor(self, produced: npt.NDArray[np.int64]) -> float:
