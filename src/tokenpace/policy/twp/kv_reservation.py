@@ -71,6 +71,9 @@ class KvReservation:
             np.zeros(0, dtype=np.int64),
         )
         self._offsets: IntArray | None = None
+        # The grid's spacing and last offset as Python numbers (set with ``_offsets``).
+        self._grid_step = 1
+        self._grid_last = 0
         self._held_empty: FloatArray | None = None
         self._waiting_horizon = 0
         self._block_size = 1
@@ -171,10 +174,9 @@ class KvReservation:
         left = request.max_tokens - produced
         if left <= 0:
             return 0.0
-        offsets = self._grid()
-        step, last = int(offsets[1] - offsets[0]), int(offsets[-1])
+        self._grid()
         tokens = request.num_prompt_tokens + produced
-        return (tokens + min(left, last) + step) / self._block_size + 1.0
+        return (tokens + min(left, self._grid_last) + self._grid_step) / self._block_size + 1.0
 
     def _largest(self, tokens: IntArray, left: IntArray) -> FloatArray:
         """The most blocks each request (``tokens`` held now, ``left`` to its cap) holds at
@@ -223,7 +225,9 @@ class KvReservation:
         if self._offsets is None:
             _, produced, caps = self._columns
             horizon = max(self._waiting_horizon, int((caps - produced).max()) if len(caps) else 0)
-            self._offsets = forecast_offsets(max(1, horizon), NUM_OFFSETS)
+            offsets = forecast_offsets(max(1, horizon), NUM_OFFSETS)
+            self._offsets = offsets
+            self._grid_step, self._grid_last = int(offsets[1] - offsets[0]), int(offsets[-1])
         return self._offsets
 
 

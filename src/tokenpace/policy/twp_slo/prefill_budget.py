@@ -114,5 +114,4 @@ class PrefillBudget:
     def _overhead_ms(self) -> float:
         """What the next chunk costs beyond its tokens: the profile's per-chunk overhead
         unless it is the step's first."""
-        latency, n = self._latency, self.num_chunks
-        return latency.chunks_overhead_ms(n + 1) - latency.chunks_overhead_ms(n)
+        return self._latency.profile.prefill_chunk_overhead_ms if self.num_chunks else 0.0
