@@ -346,6 +346,7 @@ def run(args: Settings) -> None:
         "dtype": args.dtype,
         "threads": args.num_threads,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
         "forward_path": forward_path,
         "upcast_min_rows": upcast_min_rows,
         "linear_kernel": linear_kernel,
