@@ -92,7 +92,7 @@ class ReferenceTwpSlo(TwpSloPolicy):
         num_decoding = len(state.running) - len(prefilling)
         budget = self.prefill_budget(num_decoding)
         if cfg.use_prefill_budget:
-            self.budget.open(num_decoding, self.window.reference_ms, self._calibration)
+            self.budget.open(num_decoding, self._budget_target_ms(), self._calibration)
         self._budget = float(budget)
         scheduled = {r.request_id: 1 for r in state.running if r not in prefilling}
         chunks: list[tuple[int, int]] = []

@@ -321,3 +321,33 @@ def test_infeasible_requests_never_go_before_feasible_ones(
     assert order[len(feasible) :] == sorted(order[len(feasible) :])
     if backlog is None:  # least slack first among the feasible
         assert [slack[i] for i in feasible] == sorted(slack[i] for i in feasible)
+
+
+def test_budget_margin_widens_with_the_step_noise_measured_while_serving(
+    paper_profile: EngineProfile,
+) -> None:
+    """Steps that vary far more than the profile's noise say shrink the prefill budget's
+    target below the ITL target (3.3 of the measured noise below the TPOT objective);
+    steps that vary as the profile says leave it at the ITL target; the switch restores it."""
+    decoding = [running(100 + i, 10, 500, 1) for i in range(20)]
+
+    def after(factors: list[float], **overrides: object) -> TwpSloPolicy:
+        policy = TwpSloPolicy(config(paper_profile, **overrides), paper_profile)
+        latency_s = None
+        for factor in factors:
+            policy.plan(state([], decoding, latency_s=latency_s))
+            latency_s = factor * 0.055  # the 55 ms predicted for 20 decodes, times factor
+        policy.plan(state([], decoding, latency_s=latency_s))
+        return policy
+
+    noisy = [1.0, 1.3, 0.8, 1.25, 0.85] * 30
+    target = config(paper_profile).itl_target_ms
+    steady = after([1.0] * 150).telemetry()
+    assert steady["step_noise_cv"] < 0.02 and steady["budget_target_ms"] == target
+    policy = after(noisy)
+    telemetry = policy.telemetry()
+    assert telemetry["step_noise_cv"] > 0.15
+    want = 100.0 * (1 - 3.3 * telemetry["step_noise_cv"])
+    assert telemetry["budget_target_ms"] == pytest.approx(max(50.0, want))
+    assert telemetry["budget_target_ms"] < target
+    assert policy.prefill_budget(20) < after(noisy, use_live_noise=False).prefill_budget(20)

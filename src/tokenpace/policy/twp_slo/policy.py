@@ -22,12 +22,17 @@ from tokenpace.policy.twp.expected import ExpectedOutput
 from tokenpace.policy.twp.kv_guard import KvHeadroomGuard
 from tokenpace.policy.twp.kv_reservation import KvReservation
 from tokenpace.policy.twp.ranking import ranked, starving_positions
-from tokenpace.policy.twp_slo.config import TwpSloConfig
+from tokenpace.policy.twp_slo.config import TwpSloConfig, itl_target_fraction_for_noise
 from tokenpace.policy.twp_slo.deadline import deadline_order, ttft_slack_s
 from tokenpace.policy.twp_slo.prefill_budget import PrefillBudget
 from tokenpace.policy.twp_slo.rejection import ServiceOutlook, early_rejections
 from tokenpace.policy.twp_slo.window import RequestWindow, balanced_batch
 from tokenpace.policy.window_state import WindowState, request_window_state
+
+# Weight of each step in the measured step noise (about 50 steps of memory), and the
+# largest log(measured / predicted) one step adds to it.
+NOISE_GAIN = 0.02
+NOISE_CLIP = 0.7
 
 
 class TwpSloPolicy:
@@ -70,6 +75,9 @@ class TwpSloPolicy:
         # EMA of measured / predicted step latency (1 = the profile is exact).
         self._calibration = 1.0
         self._predicted_ms: float | None = None
+        # Exponentially weighted mean square of log(measured / calibrated prediction), from
+        # the profile's noise: the step noise while serving (``step_noise_cv``).
+        self._noise_var = profile.noise_cv**2
         self._num_forced = 0
         # Means of the admitted requests' prompt tokens and max_tokens (None before any).
         self._mean_prompt: float | None = None
@@ -83,7 +91,7 @@ class TwpSloPolicy:
         if not cfg.use_prefill_budget:
             return cfg.min_prefill_tokens
         probe = PrefillBudget(self._latency, cfg.max_prefill_tokens)
-        return probe.open(num_decoding, self.window.reference_ms, self._calibration)
+        return probe.open(num_decoding, self._budget_target_ms(), self._calibration)
 
     def plan(self, state: StepState) -> StepPlan:
         cfg = self.config
@@ -107,7 +115,7 @@ class TwpSloPolicy:
         budget = self.budget
         if cfg.use_prefill_budget:
             self._budget = float(
-                budget.open(num_decoding, self.window.reference_ms, self._calibration, attention_ms)
+                budget.open(num_decoding, self._budget_target_ms(), self._calibration, attention_ms)
             )
         else:
             self._budget = float(cfg.min_prefill_tokens)
@@ -372,7 +380,30 @@ class TwpSloPolicy:
         if step_latency_s is None or not self._predicted_ms:
             return
         ratio = step_latency_s * 1000 / self._predicted_ms
+        if ratio > 0:
+            # The step against the prediction the plan made (the calibration before this
+            # update), clipped so one stall does not set the margin for a hundred steps.
+            miss = min(NOISE_CLIP, max(-NOISE_CLIP, math.log(ratio / self._calibration)))
+            self._noise_var += NOISE_GAIN * (miss * miss - self._noise_var)
         self._calibration += self.config.base.ema_factor * (ratio - self._calibration)
+
+    @property
+    def step_noise_cv(self) -> float:
+        """The step noise measured while serving: the root mean square of log(measured /
+        calibrated prediction), exponentially weighted (``NOISE_GAIN``), from the
+        profile's ``noise_cv``."""
+        return math.sqrt(self._noise_var)
+
+    def _budget_target_ms(self) -> float:
+        """The latency the prefill budget fills a step to: the window's reference (the ITL
+        target), or with ``use_live_noise`` the TPOT objective less ``NOISE_MARGIN_SIGMAS``
+        of the measured step noise when that margin is the wider."""
+        cfg = self.config
+        reference = self.window.reference_ms
+        if not (cfg.use_live_noise and cfg.use_itl_target):
+            return reference
+        live = cfg.tpot_slo_ms * itl_target_fraction_for_noise(self.step_noise_cv)
+        return min(reference, live)
 
     def _candidates(
         self, state: StepState, budget: int, excluded: npt.NDArray[np.intp], backlog: float
@@ -450,6 +481,8 @@ class TwpSloPolicy:
             "slowdown": self.window.slowdown,
             "prefill_budget": self._budget,
             "latency_calibration": self._calibration,
+            "step_noise_cv": self.step_noise_cv,
+            "budget_target_ms": self._budget_target_ms(),
             "kv_threshold_blocks": self.kv_guard.threshold_blocks,
             "num_forced": float(self._num_forced),
             **self.reservation.telemetry(),
@@ -468,6 +501,7 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "twp_slo-no_deferral": {"use_deferral": False},
     "twp_slo-no_late_yield": {"use_late_yield": False},
     "twp_slo-no_balance_floor": {"use_balance_floor": False},
+    "twp_slo-no_live_noise": {"use_live_noise": False},
 }
 # Opt-in changes, off in ``twp_slo`` itself: each variant switches one on.
 OPT_INS: dict[str, dict[str, Any]] = {
