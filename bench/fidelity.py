@@ -12,7 +12,9 @@ profile as ``tokenpace bench --engine`` scales it (``metrics.slo.scaled_slo``), 
 Each load's line on stderr also gives the errors of a simulator on Eq. 2 alone (the profile
 without its measured decode residual), to show what the residual contributes, and the real
 engine's step time over what the profile gives the same steps, per kind of step (decode,
-mixed, prefill): far from 1, the engine did not run as it was profiled.
+mixed, prefill): far from 1, the engine did not run as it was profiled; and the median of
+that ratio per 5 s window, lowest to highest: windows that differ by more than the error
+goals mean the machine's speed moved during the run, which no single profile follows.
 ``--quick`` is a smoke test: a reduced profiling sweep and a few requests per load.
 Prints one JSON object on its last line:
 ``{"native": {"0.5": {"itl_mean": e, "ttft_p50": e, "ttft_p99": e, "throughput": e}, ...},
@@ -165,6 +167,13 @@ def run(args: Settings) -> None:
                 result[engine][f"{load:g}" if load != 1 else "1.0"] = errors
                 real, sim = measured.real, measured.simulated
                 over_profile = {k: round(v, 3) for k, v in measured.real_step_over_profile.items()}
+                drift = measured.real_speed_drift
+                moved = (
+                    f"{drift.lowest:.2f}-{drift.highest:.2f} over {drift.num_windows} windows of "
+                    f"{drift.window_s:g} s"
+                    if drift is not None and drift.num_windows
+                    else "not measured (too few steps)"
+                )
                 print(
                     f"{engine} {load:g}x ({workload.rate_per_s:.2f} req/s): real ITL "
                     f"{real['itl_ms']['mean']:.1f} ms, TTFT p50/p99 "
@@ -174,7 +183,8 @@ def run(args: Settings) -> None:
                     f"{sim['ttft_ms']['p50']:.0f}/{sim['ttft_ms']['p99']:.0f} ms, "
                     f"{sim['throughput_tok_s']:.1f} tok/s; real per-step cost outside the "
                     f"measured step latency {measured.real_step_overhead_ms:.2f} ms; real "
-                    f"step time over the profile's, by kind of step {over_profile}; "
+                    f"step time over the profile's, by kind of step {over_profile}, its "
+                    f"median per window {moved}; "
                     f"errors {errors}; on Eq. 2 alone {eq2_errors}",
                     file=sys.stderr,
                     flush=True,

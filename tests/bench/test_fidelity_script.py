@@ -80,3 +80,31 @@ def test_step_time_over_the_profile_is_per_kind_of_step() -> None:
     ]  # fmt: skip
     ratios = step_over_profile(steps, profile)
     assert ratios == pytest.approx({"decode": 2.0, "mixed": 1.0})
+
+
+def test_speed_drift_is_the_range_of_per_window_medians() -> None:
+    from tokenpace.bench.fidelity import speed_drift
+    from tokenpace.engine.latency_model import LatencyModel
+    from tokenpace.engine.profile import load_profile
+    from tokenpace.runtime.step_loop import StepRecord
+
+    profile = load_profile("v100-llama-3.2-3b")
+    predicted_s = LatencyModel(profile).step_s(4, [])
+
+    def step(start_s: float, over: float) -> StepRecord:
+        return StepRecord(0, start_s, over * predicted_s, 4, 0, 4, 0, 0, 0, 0, 0, {})
+
+    # 0-5 s as profiled (one stall among them), 5-10 s 30% slower, 10-15 s too few steps.
+    steps = [step(0.5 * i, 3.0 if i == 4 else 1.0) for i in range(10)]
+    steps += [step(5.0 + 0.5 * i, 1.3) for i in range(10)]
+    steps += [step(10.0 + 0.5 * i, 0.5) for i in range(3)]
+    drift = speed_drift(steps, profile, window_s=5.0, min_steps=5)
+    assert drift.num_windows == 2
+    assert drift.lowest == pytest.approx(1.0)
+    assert drift.highest == pytest.approx(1.3)
+    assert drift.spread == pytest.approx(0.3)
+    steady = speed_drift(steps[:10], profile)
+    assert steady.num_windows == 1 and steady.spread == pytest.approx(0.0)
+    assert speed_drift([], profile).num_windows == 0
+    with pytest.raises(ValueError, match="window_s"):
+        speed_drift(steps, profile, window_s=0)

@@ -36,11 +36,32 @@ COMPARED = {
 
 
 @dataclass(frozen=True, slots=True)
+class SpeedDrift:
+    """How the engine's speed moved during a run: per window of ``window_s`` seconds, the
+    median of its steps' measured latency over the profile's (``step_over_profile``'s
+    prediction, step by step); ``lowest`` and ``highest`` of those medians over the windows
+    with at least ``min_steps`` steps (``num_windows`` of them). A simulator replaying the
+    run with one profile cannot follow an engine whose windows differ by more than its
+    error goals."""
+
+    window_s: float
+    num_windows: int
+    lowest: float
+    highest: float
+
+    @property
+    def spread(self) -> float:
+        """highest / lowest - 1 (NaN without a window)."""
+        return self.highest / self.lowest - 1 if self.num_windows else float("nan")
+
+
+@dataclass(frozen=True, slots=True)
 class FidelityResult:
     """The real and simulated runs' results.json entries and, per compared metric, the
     relative error (simulated - real) / real; ``eq2_relative_error`` is the same for a
     simulator on Eq. 2 alone (the profile without its decode residual; equal to
-    ``relative_error`` when the profile has none)."""
+    ``relative_error`` when the profile has none); ``real_speed_drift``: how the real
+    engine's speed against the profile moved during the run (``speed_drift``)."""
 
     real: Mapping[str, Any]
     simulated: Mapping[str, Any]
@@ -48,6 +69,7 @@ class FidelityResult:
     real_step_overhead_ms: float = float("nan")
     eq2_relative_error: Mapping[str, float] = field(default_factory=dict)
     real_step_over_profile: Mapping[str, float] = field(default_factory=dict)
+    real_speed_drift: SpeedDrift | None = None
 
 
 def step_overhead_ms(steps: Sequence[StepRecord], idle_gap_s: float = 0.05) -> float:
@@ -62,6 +84,41 @@ def step_overhead_ms(steps: Sequence[StepRecord], idle_gap_s: float = 0.05) -> f
     return float(np.median(busy)) if busy else float("nan")
 
 
+def speed_drift(
+    steps: Sequence[StepRecord], profile: EngineProfile, window_s: float = 5.0, min_steps: int = 5
+) -> SpeedDrift:
+    """``SpeedDrift`` of ``steps`` against ``profile``; windows start at the first step."""
+    if not window_s > 0:
+        raise ValueError(f"window_s must be positive, got {window_s}")
+    model = LatencyModel(profile)
+    ratios: dict[int, list[float]] = {}
+    first_s = steps[0].start_s if steps else 0.0
+    for step in steps:
+        predicted = _predicted_s(model, step)
+        if predicted > 0:
+            window = int((step.start_s - first_s) // window_s)
+            ratios.setdefault(window, []).append(step.latency_s / predicted)
+    medians = [float(np.median(r)) for r in ratios.values() if len(r) >= min_steps]
+    if not medians:
+        return SpeedDrift(window_s, 0, float("nan"), float("nan"))
+    return SpeedDrift(window_s, len(medians), min(medians), max(medians))
+
+
+def _kind(step: StepRecord) -> str | None:
+    """``decode``, ``mixed`` (decode with prefill), ``prefill`` or None (an empty step)."""
+    if not step.num_decode_tokens:
+        return "prefill" if step.num_prefill_tokens else None
+    return "mixed" if step.num_prefill_tokens else "decode"
+
+
+def _predicted_s(model: LatencyModel, step: StepRecord) -> float:
+    """The profile's latency of ``step`` (its decode batch, its prefill as one chunk from
+    context 0, no decode attention term: the records carry no contexts)."""
+    prefill = step.num_prefill_tokens
+    chunks = [PrefillChunk(prefill, 0)] if prefill else []
+    return model.step_s(step.num_decode_tokens, chunks)
+
+
 def step_over_profile(steps: Sequence[StepRecord], profile: EngineProfile) -> dict[str, float]:
     """Per kind of step (``decode``, ``mixed``: decode with a prefill chunk, ``prefill``):
     the steps' mean measured latency over the mean ``profile`` gives the same steps (their
@@ -72,15 +129,12 @@ def step_over_profile(steps: Sequence[StepRecord], profile: EngineProfile) -> di
     model = LatencyModel(profile)
     sums: dict[str, list[float]] = {}
     for step in steps:
-        prefill = step.num_prefill_tokens
-        if not prefill and not step.num_decode_tokens:
+        kind = _kind(step)
+        if kind is None:
             continue
-        kind = "prefill" if not step.num_decode_tokens else ("mixed" if prefill else "decode")
-        chunks = [PrefillChunk(prefill, 0)] if prefill else []
-        predicted = model.step_s(step.num_decode_tokens, chunks)
         measured_predicted = sums.setdefault(kind, [0.0, 0.0])
         measured_predicted[0] += step.latency_s
-        measured_predicted[1] += predicted
+        measured_predicted[1] += _predicted_s(model, step)
     return {kind: measured / predicted for kind, (measured, predicted) in sums.items()}
 
 
@@ -107,6 +161,7 @@ def measure_fidelity(
     runs = {}
     overhead = float("nan")
     over_profile: dict[str, float] = {}
+    drift: SpeedDrift | None = None
     for label, runner, run_profile in compared:
         output = runners.get(runner)(
             RunRequest(scheduler, specs, run_profile, np.random.default_rng([seed, 1]), slo)
@@ -116,6 +171,7 @@ def measure_fidelity(
         if label == "real":
             overhead = step_overhead_ms(output.steps.get(0, []))
             over_profile = step_over_profile(output.steps.get(0, []), profile)
+            drift = speed_drift(output.steps.get(0, []), profile)
 
     def errors(label: str) -> dict[str, float]:
         real = runs["real"]
@@ -126,7 +182,13 @@ def measure_fidelity(
 
     eq2_label = "eq2" if "eq2" in runs else "sim"
     return FidelityResult(
-        runs["real"], runs["sim"], errors("sim"), overhead, errors(eq2_label), over_profile
+        runs["real"],
+        runs["sim"],
+        errors("sim"),
+        overhead,
+        errors(eq2_label),
+        over_profile,
+        drift,
     )
 
 
