@@ -11,6 +11,14 @@ Two snapshots, both with 10,000 waiting requests:
   twp_slo's request window (about 48) has room for a few, the admitting step of a loaded
   server; twp's token window is full.
 
+The snapshots are fixed states, planned again and again. ``serving`` measures the same
+decision where it happens: a simulated server (reference profile) starts with ``--waiting``
+requests queued and keeps receiving ``--serving-rate`` arrivals a second, and every plan of
+its first ``--serving-steps`` steps is timed (thread CPU time): from the empty batch's first
+admissions through the full window's steady churn, every step as the step loop asks for it
+(``serving_cpu_us_*`` over all steps, ``admitting_cpu_us_*`` over those that admitted, and
+the steps' mean waiting and running counts).
+
 Each policy plans each snapshot ``--num-iters`` times, interleaved so that machine noise falls
 on all of them alike. Each call is timed twice: wall clock (``decision_us_*``, what a step
 waits) and the thread's CPU time (``cpu_us_*``, the decision's own work: on a machine shared
@@ -28,11 +36,13 @@ snapshot.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import time
 from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 
@@ -41,11 +51,13 @@ from tokenpace.core.config import option, require_positive
 from tokenpace.core.queue import WaitingQueue
 from tokenpace.core.request import FinishReason, Request, RequestStatus
 from tokenpace.core.running import RunningBatch, RunningColumns
-from tokenpace.core.step import StepState
+from tokenpace.core.step import StepPlan, StepState
 from tokenpace.engine.profile import EngineProfile, load_profile, shipped_profiles
 from tokenpace.metrics.slo import Slo
 from tokenpace.policy.base import Policy, build_policy
 from tokenpace.policy.twp_slo.policy import TwpSloPolicy
+from tokenpace.sim.run import simulate
+from tokenpace.workload.spec import RequestSpec
 
 POLICY_NAMES = ("twp", "twp_slo")
 
@@ -88,9 +100,14 @@ class Settings:
     profile: str = option(
         "v100-llama-3.2-3b", "Shipped profile name or profile JSON.", known=shipped_profiles
     )
+    serving_steps: int = option(2000, "Steps of the simulated server whose plans are timed.")
+    serving_rate: float = option(30.0, "Arrivals per second at the simulated server.")
 
     def __post_init__(self) -> None:
-        require_positive(self, "waiting", "running", "churn_running", "num_iters")
+        require_positive(
+            self, "waiting", "running", "churn_running", "num_iters", "serving_steps",
+            "serving_rate",
+        )  # fmt: skip
 
 
 def main() -> None:
@@ -164,6 +181,14 @@ def run(args: Settings) -> None:
     forecast_p50, forecast_p99 = _forecast_cpu_us(states["full"], profile, args.num_iters, rng)
     print(f"kv forecast ({args.running} running, learned lengths) cpu p50 {forecast_p50:6.0f} us "
           f"p99 {forecast_p99:6.0f} us")  # fmt: skip
+    serving = {name: serving_cpu_us(name, profile, args) for name in POLICY_NAMES}
+    for name, figures in serving.items():
+        print(f"{name:8s} serving ({args.serving_steps} steps, mean waiting "
+              f"{figures['mean_waiting']:.0f}, running {figures['mean_running']:.0f}) cpu p50 "
+              f"{figures['serving_cpu_us_p50']:6.0f} us p99 {figures['serving_cpu_us_p99']:6.0f} "
+              f"us | admitting steps ({figures['admitting_share']:.0%}) p50 "
+              f"{figures['admitting_cpu_us_p50']:6.0f} us p99 "
+              f"{figures['admitting_cpu_us_p99']:6.0f} us")  # fmt: skip
     summary = {
         "waiting": args.waiting,
         "running": args.running,
@@ -178,8 +203,71 @@ def run(args: Settings) -> None:
         "loop_columns_cpu_us_p99": round(columns_p99, 1),
         "kv_forecast_cpu_us_p50": round(forecast_p50, 1),
         "kv_forecast_cpu_us_p99": round(forecast_p99, 1),
+        "serving": serving,
     }
     print(json.dumps(summary))
+
+
+class _Enough(Exception):
+    """Raised from a timed plan once the steps wanted are timed: the run stops there."""
+
+
+class TimedPolicy:
+    """``policy`` with each plan's thread CPU time recorded, with the step's waiting and
+    running counts and whether it admitted; raises ``_Enough`` at the plan after
+    ``num_steps`` timed ones. Everything else is the policy's own."""
+
+    def __init__(self, policy: Policy, num_steps: int) -> None:
+        self.policy = policy
+        self.num_steps = num_steps
+        self.samples: list[tuple[float, int, int, bool]] = []
+
+    def plan(self, state: StepState) -> StepPlan:
+        if len(self.samples) >= self.num_steps:
+            raise _Enough
+        start_cpu = time.thread_time()
+        plan = self.policy.plan(state)
+        cpu_s = time.thread_time() - start_cpu
+        self.samples.append((cpu_s, len(state.waiting), len(state.running), bool(plan.admit_ids)))
+        return plan
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.policy, name)
+
+
+def serving_cpu_us(name: str, profile: EngineProfile, args: Settings) -> dict[str, float]:
+    """The ``serving`` measurement of policy ``name`` (see the module docstring): prompts
+    30-512 tokens, max_tokens 20/50/200, each request generating its max_tokens."""
+    rng = np.random.default_rng(1)
+    queued = [
+        RequestSpec(i * 1e-6, int(rng.integers(30, 513)), int(rng.choice([20, 50, 200])))
+        for i in range(args.waiting)
+    ]
+    # Enough arrivals for the steps timed, at up to a second per step.
+    gaps = rng.exponential(1 / args.serving_rate, int(args.serving_rate * args.serving_steps))
+    arriving = [
+        RequestSpec(float(at), int(rng.integers(30, 513)), int(rng.choice([20, 50, 200])))
+        for at in np.cumsum(gaps)
+    ]
+    timed = TimedPolicy(build_policy(name, profile, Slo()), args.serving_steps)
+    with contextlib.suppress(_Enough):
+        simulate([*queued, *arriving], cast(Policy, timed), profile, rng, record_steps=False)
+    cpu = np.array([s[0] for s in timed.samples]) * 1e6
+    admitting = np.array([s[3] for s in timed.samples])
+    waiting = [s[1] for s in timed.samples]
+    running = [s[2] for s in timed.samples]
+    some = cpu[admitting] if admitting.any() else np.zeros(1)
+    return {
+        "serving_cpu_us_p50": round(float(np.percentile(cpu, 50)), 1),
+        "serving_cpu_us_p99": round(float(np.percentile(cpu, 99)), 1),
+        "admitting_cpu_us_p50": round(float(np.percentile(some, 50)), 1),
+        "admitting_cpu_us_p99": round(float(np.percentile(some, 99)), 1),
+        "admitting_share": round(float(admitting.mean()), 4),
+        "mean_waiting": round(float(np.mean(waiting)), 1),
+        "min_waiting": float(min(waiting)),
+        "mean_running": round(float(np.mean(running)), 1),
+        "max_running": float(max(running)),
+    }
 
 
 def _forecast_cpu_us(

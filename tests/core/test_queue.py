@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from tests.helpers import request
@@ -32,3 +33,16 @@ def test_removing_an_id_that_is_not_waiting_names_it() -> None:
     queue.append(request(1))
     with pytest.raises(KeyError, match="request 9 is not waiting"):
         queue.remove([1, 9])
+
+
+def test_iter_at_reads_positions_lazily_in_order() -> None:
+    queue = WaitingQueue()
+    for i in range(200):
+        queue.append(request(i, prompt=10 + i))
+    positions = np.array([150, 3, 77, 199, 0], dtype=np.intp)
+    assert [r.request_id for r in queue.iter_at(positions)] == [150, 3, 77, 199, 0]
+    assert [r.request_id for r in queue.iter_at([5, 6])] == [5, 6]
+    assert list(queue.iter_at(np.zeros(0, dtype=np.intp))) == []
+    # Across slices, last position first.
+    every = np.arange(200, dtype=np.intp)[::-1]
+    assert [r.request_id for r in queue.iter_at(every)] == list(range(199, -1, -1))

@@ -20,6 +20,9 @@ import numpy.typing as npt
 from tokenpace.core.key_order import KeyOrder, OrderView
 from tokenpace.core.request import Request
 
+# Positions ``WaitingQueue.iter_at`` turns into requests at a time.
+ITER_SLICE = 64
+
 _INITIAL_CAPACITY = 64
 # Minimum of an empty queue: above any count a request can carry.
 _EMPTY_MIN = 1 << 62
@@ -156,6 +159,13 @@ class WaitingQueue:
 
     def request_at(self, positions: Iterable[int]) -> list[Request]:
         return [self._requests[int(i)] for i in positions]
+
+    def iter_at(self, positions: npt.NDArray[np.intp] | list[int]) -> Iterator[Request]:
+        """The requests at ``positions``, in that order, read a slice of ``ITER_SLICE`` at
+        a time: a consumer that stops early (a closing gate) pays only for what it read,
+        not for every position (thousands when a long queue has starved)."""
+        for start in range(0, len(positions), ITER_SLICE):
+            yield from self._requests[positions[start : start + ITER_SLICE]].tolist()
 
     # Mutation (step loop only).
     def append(self, request: Request) -> None:

@@ -246,7 +246,7 @@ def _ranked_by_bound(
         taken = taken[np.lexsort((taken, -taken_scores))]
         bound[taken] = -np.inf
         num_left -= len(taken)
-        yield from waiting.request_at(taken)
+        yield from waiting.iter_at(taken)
         # Lower the floor by a growing step, so that a long scan takes few rounds; if no bound
         # reaches it, raise it to the exact score of the best bound, so the next round yields.
         step *= 4

@@ -105,8 +105,8 @@ def deadline_order(
         on_time, deferred = moore_hodgson(
             waiting, feasible, now_s, ttft_slo_s, step_s, prefill_tokens_per_step, backlog_tokens
         )
-        yield from waiting.request_at(on_time)
-        yield from waiting.request_at(deferred)
+        yield from waiting.iter_at(on_time)
+        yield from waiting.iter_at(deferred)
         skip[feasible] = True
         yield from queue_order_except(waiting, skip)
         return

@@ -143,7 +143,7 @@ class TwpSloPolicy:
                 )
                 forced_positions = forced_positions[~np.isin(forced_positions, gone)]
                 excluded = np.union1d(forced_positions, gone)
-            for request in waiting.request_at(forced_positions):
+            for request in waiting.iter_at(forced_positions):
                 need = state.blocks_for(request.num_tokens)
                 idle = not running and not admitted
                 tokens = self._chunk(request)

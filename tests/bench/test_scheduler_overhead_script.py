@@ -1,0 +1,32 @@
+"""bench/scheduler_overhead.py: the whole script at a small size."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "scheduler_overhead.py"
+
+
+def test_snapshots_and_a_serving_run_are_timed_for_both_policies() -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--waiting", "600", "--running", "64", "--num-iters", "20",
+         "--serving-steps", "150", "--serving-rate", "20"],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(result["policies"]) == {"twp", "twp_slo"}
+    for name in ("twp", "twp_slo"):
+        assert set(result["policies"][name]) == {"full", "open", "churn"}
+        serving = result["serving"][name]
+        # The server starts empty with 600 queued: its first steps admit, and the queue stays
+        # long while the window fills and turns over.
+        assert 0 < serving["admitting_share"] <= 1
+        assert serving["mean_waiting"] > 300
+        assert 0 < serving["mean_running"] <= serving["max_running"]
+        assert 0 < serving["serving_cpu_us_p50"] <= serving["serving_cpu_us_p99"]
