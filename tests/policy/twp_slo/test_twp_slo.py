@@ -4,6 +4,7 @@ prefill 0.15 ms/token, mixing 3 ms) with TPOT SLO 100 ms -> ITL target 80 ms."""
 from __future__ import annotations
 
 from dataclasses import replace
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -320,7 +321,10 @@ def test_infeasible_requests_never_go_before_feasible_ones(
     # The infeasible follow in queue (arrival) order, the oldest first.
     assert order[len(feasible) :] == sorted(order[len(feasible) :])
     if backlog is None:  # least slack first among the feasible
-        assert [slack[i] for i in feasible] == sorted(slack[i] for i in feasible)
+        # Up to the key's resolution: slack rides on a 1e12 offset (ulp 1.2e-4 s), so slacks
+        # closer than that (arrivals a rounding error apart) keep queue order.
+        slacks = [slack[i] for i in feasible]
+        assert all(later >= earlier - 2.5e-4 for earlier, later in pairwise(slacks))
 
 
 def test_budget_margin_widens_with_the_step_noise_measured_while_serving(

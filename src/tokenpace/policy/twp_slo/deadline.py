@@ -147,30 +147,78 @@ def moore_hodgson(
     step_s: float,
     prefill_tokens_per_step: float,
     backlog_tokens: float,
-) -> tuple[list[int], list[int]]:
+) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
     """Queue positions ``feasible`` split into (on time, deferred), each in deadline order
     (arrival, then queue position). A request is on time if ceil((backlog + prompts of the
     on-time requests up to it) / tokens per step) steps of ``step_s`` end by its deadline;
-    when one is late, the longest prompt so far (the latest among equals) is deferred."""
-    order = feasible[np.lexsort((feasible, waiting.arrival_s[feasible]))].tolist()
+    when one is late, the longest prompt so far (the latest among equals) is deferred.
+
+    A late request whose prompt is at least the longest kept is itself the one deferred,
+    leaving the kept set as it was. After two such in a row (a burst that the prefill
+    cannot serve: thousands feasible, a few dozen on time), the next request that would
+    change the kept set is found with array operations over the run (``_next_change``)
+    instead of one heap push and pop per request; the split is the same."""
+    order = feasible[np.lexsort((feasible, waiting.arrival_s[feasible]))]
     if ttft_slo_s > _HUGE_OBJECTIVE_S:
-        return order, []
+        return order, order[:0]
     per_step = max(1.0, prefill_tokens_per_step)
-    prompts = waiting.num_prompt_tokens
-    arrivals = waiting.arrival_s
-    chosen: list[tuple[int, int, int]] = []  # heap of (-prompt, -rank, position)
-    deferred_ranks: list[int] = []
+    prompt_array = waiting.num_prompt_tokens[order]
+    deadline_array = ttft_slo_s - (now_s - waiting.arrival_s[order])
+    prompts = prompt_array.tolist()
+    deadlines = deadline_array.tolist()
+    chosen: list[tuple[int, int]] = []  # heap of (-prompt, -rank)
+    deferred = np.zeros(len(order), dtype=bool)
     total = float(backlog_tokens)
-    for rank, position in enumerate(order):
-        prompt = int(prompts[position])
-        heapq.heappush(chosen, (-prompt, -rank, position))
+    n = len(order)
+    rank = 0
+    deferred_in_a_row = 0
+    while rank < n:
+        if deferred_in_a_row >= 2:
+            # Nothing kept: a late request is deferred whatever its prompt.
+            longest = -chosen[0][0] if chosen else 0
+            change = _next_change(
+                prompt_array, deadline_array, rank, total, longest, per_step, step_s
+            )
+            deferred[rank:change] = True
+            deferred_in_a_row = 0
+            rank = change
+            if rank >= n:
+                break
+        prompt = prompts[rank]
+        heapq.heappush(chosen, (-prompt, -rank))
         total += prompt
-        deadline = ttft_slo_s - (now_s - float(arrivals[position]))
-        if math.ceil(total / per_step) * step_s > deadline:
-            longest, latest, _ = heapq.heappop(chosen)
-            total += longest
-            deferred_ranks.append(-latest)
-    late = set(deferred_ranks)
-    on_time = [p for r, p in enumerate(order) if r not in late]
-    deferred = [order[r] for r in sorted(late)]
-    return on_time, deferred
+        if math.ceil(total / per_step) * step_s > deadlines[rank]:
+            longest_prompt, latest = heapq.heappop(chosen)
+            total += longest_prompt
+            deferred[-latest] = True
+            deferred_in_a_row = deferred_in_a_row + 1 if -latest == rank else 0
+        else:
+            deferred_in_a_row = 0
+        rank += 1
+    return order[~deferred], order[deferred]
+
+
+def _next_change(
+    prompts: npt.NDArray[np.int64],
+    deadlines: npt.NDArray[np.float64],
+    start: int,
+    total: float,
+    longest: int,
+    per_step: float,
+    step_s: float,
+) -> int:
+    """The first rank from ``start`` on that ``moore_hodgson`` would keep or that would
+    displace a kept request: on time on top of ``total``, or shorter than ``longest`` (the
+    longest kept prompt); ``len(prompts)`` when none. Every rank before it is late with a
+    prompt of at least ``longest``, so it is the one deferred. The test repeats the
+    loop's arithmetic element-wise (integer-valued sums, one division and ceiling), so it
+    decides exactly as the loop would."""
+    n = len(prompts)
+    for begin in range(start, n, _SCAN_LIMIT * 4):
+        end = min(n, begin + _SCAN_LIMIT * 4)
+        ahead = prompts[begin:end]
+        late = np.ceil((total + ahead) / per_step) * step_s > deadlines[begin:end]
+        changes = np.flatnonzero(~late | (ahead < longest))
+        if len(changes):
+            return begin + int(changes[0])
+    return n
