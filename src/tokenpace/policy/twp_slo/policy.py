@@ -123,7 +123,6 @@ class TwpSloPolicy:
         late = self._late_prefills(prefilling, state)
         late_ids = {r.request_id for r in late}
         prefill_ms = self._grant([r for r in prefilling if r.request_id not in late_ids], scheduled)
-        remaining = self.expected.remaining_for(columns.prompts, columns.produced, columns.caps)
         reservation = self._begin_reservation(columns, state)
 
         admitted: list[Request] = []
@@ -132,6 +131,7 @@ class TwpSloPolicy:
         waiting = state.waiting
         rejections: tuple[Rejection, ...] = ()
         if cfg.early_reject and len(waiting):
+            remaining = self.expected.remaining_for(columns.prompts, columns.produced, columns.caps)
             rejections = self._rejections(state, remaining, capacity)
         if len(waiting):
             forced_positions = starving_positions(waiting, state.step_index, cfg.max_wait_steps)
