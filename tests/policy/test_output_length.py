@@ -198,3 +198,29 @@ def test_kv_reservation_avoids_recompute_where_vllm_default_preempts(
     assert recomputed("twp_slo") <= 0.1 * baseline
     assert recomputed("twp") <= 0.1 * baseline
     assert recomputed("twp_slo-no_kv_reservation") > recomputed("twp_slo")
+
+
+def test_length_window_keeps_the_newest_lengths_and_their_sum() -> None:
+    from tokenpace.policy.output_length import LengthWindow
+
+    window = LengthWindow(3)
+    assert not window and window.total == 0
+    for length in (5, 7, 9, 11):  # the fourth forgets the first
+        window.append(length)
+    assert len(window) == 3 and window.total == 27
+    assert sorted(window.values.tolist()) == [7, 9, 11]
+
+
+def test_survival_fit_counts_as_a_sort_would() -> None:
+    # Long lengths are counted by sorting, short ones by a table: the same curve either way.
+    events = np.array([3, 3, 8, 70_000, 70_000, 5], dtype=np.int64)
+    censored = np.array([4, 90_000], dtype=np.int64)
+    curve = SurvivalCurve.fit(events, censored)
+    assert curve.starts.tolist() == [0, 3, 5, 8, 70_000, 90_000]
+    # At risk: 8 at 3, 5 at 5 (the one censored at 4 gone), 4 at 8, 3 at 70,000.
+    assert curve.survival.tolist() == pytest.approx(
+        [1.0, 6 / 8, 6 / 8 * 4 / 5, 6 / 8 * 4 / 5 * 3 / 4, 6 / 8 * 4 / 5 * 3 / 4 * 1 / 3,
+         6 / 8 * 4 / 5 * 3 / 4 * 1 / 3]
+    )  # fmt: skip
+    small = SurvivalCurve.fit(events[:3], censored[:1])
+    assert small.starts.tolist() == [0, 3, 8, 8] and small.tail_start == 8

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -100,11 +99,13 @@ class SurvivalCurve:
         exceeded (a running request with that many tokens out). The curve is known up to T,
         the longest length seen; with ``extrapolate`` the survivors beyond T then finish at
         the average hazard seen so far, -ln S(T) / T, else all at the cap."""
-        lengths, counts = np.unique(events, return_counts=True)
-        every = np.sort(np.concatenate((events, censored)))
-        at_risk = len(every) - np.searchsorted(every, lengths, side="left")
+        lengths, counts = _distinct_counts(events)
+        # At risk at length l: the events at l or beyond and the censored at l or beyond.
+        events_beyond = len(events) - (np.cumsum(counts) - counts)
+        censored = np.sort(censored)
+        at_risk = events_beyond + (len(censored) - np.searchsorted(censored, lengths, side="left"))
         survival = np.cumprod(1.0 - counts / at_risk)
-        tail_start = int(max(lengths[-1], every[-1]))
+        tail_start = int(max(lengths[-1], censored[-1])) if len(censored) else int(lengths[-1])
         starts = np.concatenate(([0], lengths, [tail_start])).astype(np.int64)
         steps = np.concatenate(([1.0], survival, survival[-1:]))
         area = np.concatenate(([0.0], np.cumsum(steps[:-1] * np.diff(starts))))
@@ -161,6 +162,53 @@ class SurvivalCurve:
         # Rounding only: the sum is within [S(o), (m - o) S(o)].
         result: FloatArray = np.clip(expected, 1.0, np.maximum(budget, 1.0))
         return result
+
+
+# Lengths up to this are counted in a table (``np.bincount``); longer ones are sorted.
+_COUNT_TABLE_MAX = 1 << 16
+
+
+def _distinct_counts(values: IntArray) -> tuple[IntArray, IntArray]:
+    """The distinct values of ``values`` (positive integers), ascending, and how often each
+    occurs: ``np.unique(values, return_counts=True)``, by a count table when the values are
+    small enough (a few microseconds instead of a sort)."""
+    if int(values.max()) > _COUNT_TABLE_MAX:
+        distinct, counts = np.unique(values, return_counts=True)
+        return distinct.astype(np.int64), counts.astype(np.int64)
+    table = np.bincount(values)
+    distinct = np.flatnonzero(table).astype(np.int64)
+    return distinct, table[distinct].astype(np.int64)
+
+
+class LengthWindow:
+    """The newest ``capacity`` lengths, in a ring buffer: ``values`` holds them (in no
+    particular order, which the Kaplan-Meier fit does not read) and ``total`` their sum."""
+
+    def __init__(self, capacity: int) -> None:
+        self._values = np.zeros(capacity, dtype=np.int64)
+        self._count = 0
+        self._next = 0
+        self.total = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def append(self, length: int) -> None:
+        """Add ``length``, forgetting the oldest when full."""
+        if self._count == len(self._values):
+            self.total -= int(self._values[self._next])
+        else:
+            self._count += 1
+        self._values[self._next] = length
+        self._next = (self._next + 1) % len(self._values)
+        self.total += length
+
+    @property
+    def values(self) -> IntArray:
+        """The lengths held (read-only view, valid until the next ``append``)."""
+        view = self._values[: self._count]
+        view.flags.writeable = False
+        return view
 
 
 def grid_step(offsets: IntArray) -> int:
@@ -275,9 +323,8 @@ class OutputLengthEstimator:
         self.errors = ErrorStats()
         self._edges = np.array(config.bucket_edges, dtype=np.int64)
         num_buckets = len(config.bucket_edges) + 1
-        self._events: list[deque[int]] = [deque(maxlen=config.window) for _ in range(num_buckets)]
-        self._pooled: deque[int] = deque(maxlen=config.window)
-        self._pooled_sum = 0
+        self._events = [LengthWindow(config.window) for _ in range(num_buckets)]
+        self._pooled = LengthWindow(config.window)
         self._tracked: dict[int, _Tracked] = {}
         self._curves: list[SurvivalCurve | None] = [None] * num_buckets
         self._pooled_curve: SurvivalCurve | None = None
@@ -299,7 +346,7 @@ class OutputLengthEstimator:
         """The mean length of the newest ``window`` finished requests; None before any."""
         if not self._pooled:
             return None
-        return self._pooled_sum / len(self._pooled)
+        return self._pooled.total / len(self._pooled)
 
     @property
     def fitted(self) -> bool:
@@ -313,11 +360,12 @@ class OutputLengthEstimator:
         step_index: int,
         running_ids: Sequence[int] | None = None,
         produced: IntArray | None = None,
+        prompts: IntArray | None = None,
     ) -> None:
         """Learn from tracked requests no longer in ``running`` (those that finished; aborted
         or preempted ones teach nothing), start tracking new running ones, refit if due.
-        ``running_ids`` and ``produced`` (ids and output tokens of ``running``, in order)
-        save reading them again when the caller has them."""
+        ``running_ids``, ``produced`` and ``prompts`` (ids, output tokens and prompt tokens
+        of ``running``, in order) save reading them again when the caller has them."""
         ids = list(running_ids) if running_ids is not None else [r.request_id for r in running]
         if ids != self._running_ids:
             # A request leaves running finished, aborted or preempted, and its status says
@@ -333,7 +381,7 @@ class OutputLengthEstimator:
             self._fitted_step is not None
             and step_index - self._fitted_step >= self.config.refresh_steps
         ):
-            self._refit(running, step_index, produced)
+            self._refit(running, step_index, produced, prompts)
 
     def admitted(self, requests: Iterable[Request]) -> None:
         """Track ``requests`` (just admitted) with their predicted total output."""
@@ -486,32 +534,30 @@ class OutputLengthEstimator:
             return
         bucket = int(np.searchsorted(self._edges, request.num_prompt_tokens, side="right"))
         self._events[bucket].append(length)
-        if len(self._pooled) == self._pooled.maxlen:
-            self._pooled_sum -= self._pooled[0]
         self._pooled.append(length)
-        self._pooled_sum += length
         self.errors.add(predicted_total, length, self.config.error_ema)
         self._dirty = True
 
     def _refit(
-        self, running: Sequence[Request], step_index: int, produced: IntArray | None
+        self,
+        running: Sequence[Request],
+        step_index: int,
+        produced: IntArray | None,
+        prompts: IntArray | None,
     ) -> None:
         self._dirty = False
         self._fitted_step = step_index
         self._rows.clear()
         if not self._pooled:
             return
-        prompts, own_produced, _ = request_columns(running)
-        if produced is None:
-            produced = own_produced
+        if produced is None or prompts is None:
+            prompts, produced, _ = request_columns(running)
         buckets = np.searchsorted(self._edges, prompts, side="right")
         tail = self.config.extrapolate_tail
-        self._pooled_curve = SurvivalCurve.fit(ints_of(*self._pooled), produced, tail)
+        self._pooled_curve = SurvivalCurve.fit(self._pooled.values, produced, tail)
         for b, events in enumerate(self._events):
             self._curves[b] = (
-                SurvivalCurve.fit(ints_of(*events), produced[buckets == b], tail)
-                if events
-                else None
+                SurvivalCurve.fit(events.values, produced[buckets == b], tail) if events else None
             )
         self._bucketed = any(c is not None for c in self._curves)
 

@@ -40,8 +40,9 @@ class ExpectedOutput:
         step_index: int,
         running_ids: Sequence[int] | None = None,
         produced: npt.NDArray[np.int64] | None = None,
+        prompts: npt.NDArray[np.int64] | None = None,
     ) -> None:
-        self.estimator.observe(running, step_index, running_ids, produced)
+        self.estimator.observe(running, step_index, running_ids, produced, prompts)
 
     def admitted(self, requests: Iterable[Request]) -> None:
         self.estimator.admitted(requests)

@@ -72,7 +72,9 @@ class TwpPolicy:
         columns = state.running_columns
         if columns is None:
             columns = RunningColumns.of(running)
-        self.expected.observe(running, state.step_index, columns.request_ids, columns.produced)
+        self.expected.observe(
+            running, state.step_index, columns.request_ids, columns.produced, columns.prompts
+        )
 
         # The token load K_t (expected remaining outputs) and the running requests' tokens
         # this step: one for each decoding request, up to C for each one still prefilling.

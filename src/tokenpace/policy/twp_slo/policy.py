@@ -104,7 +104,9 @@ class TwpSloPolicy:
             self.window.set_floor(self._balance_floor(columns.produced))
         self.window.update(state.last_step_latency_s)
         self._calibrate(state.last_step_latency_s)
-        self.expected.observe(running, state.step_index, columns.request_ids, columns.produced)
+        self.expected.observe(
+            running, state.step_index, columns.request_ids, columns.produced, columns.prompts
+        )
         capacity = self.window.capacity()
 
         # Decoding requests compute one token; the prefilling ones share the budget.
