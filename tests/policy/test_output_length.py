@@ -224,3 +224,29 @@ def test_survival_fit_counts_as_a_sort_would() -> None:
     )  # fmt: skip
     small = SurvivalCurve.fit(events[:3], censored[:1])
     assert small.starts.tolist() == [0, 3, 8, 8] and small.tail_start == 8
+
+
+def test_one_requests_expected_output_is_kept_until_the_next_refit() -> None:
+    estimator = OutputLengthEstimator(OutputLengthConfig(refresh_steps=1000))
+    first = [Request(i, 100, 200, 0.0) for i in range(4)]
+    estimator.observe(first, 0)
+    estimator.admitted(first)
+    for i, request in enumerate(first):
+        request.token_times_s = [0.0] * (10 + i)
+        request.status, request.finish_reason = RequestStatus.FINISHED, FinishReason.STOP
+    estimator.observe([], 1)  # learns 10-13 tokens and refits
+    fresh = Request(99, 100, 200, 0.0)
+    before = estimator.remaining_of(fresh)
+    assert (
+        before == estimator.remaining(np.array([100]), np.array([0]), np.array([200]))[0]
+        and before < 20
+    )
+    # Longer outputs finish: the next refit moves the estimate; nothing stale is returned.
+    more = [Request(10 + i, 100, 200, 0.0) for i in range(8)]
+    estimator.observe(more, 2)
+    estimator.admitted(more)
+    for request in more:
+        request.token_times_s = [0.0] * 150
+        request.status, request.finish_reason = RequestStatus.FINISHED, FinishReason.STOP
+    estimator.observe([], 3)
+    assert estimator.remaining_of(fresh) > before + 50

@@ -335,6 +335,8 @@ class OutputLengthEstimator:
         self._bucketed = False
         # still_running_row's rows since the last refit, for the grid (step, offsets).
         self._rows: dict[tuple[int, int, int], FloatArray] = {}
+        # remaining_of's values since the last refit, per (bucket, produced, cap).
+        self._remaining_of: dict[tuple[int, int, int], float] = {}
         self._row_grid = (0, 0)
 
     @property
@@ -486,16 +488,26 @@ class OutputLengthEstimator:
             pooled[at] = weight * own(curve, at) + (1.0 - weight) * pooled[at]
 
     def remaining_of(self, request: Request) -> float:
+        """``remaining`` of one request, kept per (prompt bucket, produced, cap) until the
+        next refit: a gate asks it of one waiting request after another, and those share
+        a few caps and produced nothing yet."""
         produced = len(request.token_times_s)
         if self._pooled_curve is None:
             return float(max(request.max_tokens - produced, 1))
-        return float(
-            self.remaining(
-                np.array([request.num_prompt_tokens], dtype=np.int64),
-                np.array([produced], dtype=np.int64),
-                np.array([request.max_tokens], dtype=np.int64),
-            )[0]
-        )
+        prompt = request.num_prompt_tokens
+        bucket = bisect.bisect_right(self._edge_list, prompt) if self._bucketed else 0
+        key = (bucket, produced, request.max_tokens)
+        value = self._remaining_of.get(key)
+        if value is None:
+            value = float(
+                self.remaining(
+                    np.array([prompt], dtype=np.int64),
+                    np.array([produced], dtype=np.int64),
+                    np.array([request.max_tokens], dtype=np.int64),
+                )[0]
+            )
+            self._remaining_of[key] = value
+        return value
 
     def smallest_fresh(self, smallest_cap: int) -> float:
         """A lower bound of the expected output of any request not yet started whose cap is
@@ -548,6 +560,7 @@ class OutputLengthEstimator:
         self._dirty = False
         self._fitted_step = step_index
         self._rows.clear()
+        self._remaining_of.clear()
         if not self._pooled:
             return
         if produced is None or prompts is None:
