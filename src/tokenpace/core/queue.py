@@ -157,9 +157,6 @@ class WaitingQueue:
         re-checked since; it is re-checked whenever requests leave)."""
         return self._arrival_sorted
 
-    def request_at(self, positions: Iterable[int]) -> list[Request]:
-        return [self._requests[int(i)] for i in positions]
-
     def iter_at(self, positions: npt.NDArray[np.intp] | list[int]) -> Iterator[Request]:
         """The requests at ``positions``, in that order, read a slice of ``ITER_SLICE`` at
         a time: a consumer that stops early (a closing gate) pays only for what it read,

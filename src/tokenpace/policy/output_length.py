@@ -451,7 +451,7 @@ class OutputLengthEstimator:
             # Running to the cap: the row depends on the tokens left only.
             key = (-1, 0, left)
         else:
-            bucket = bisect.bisect_right(self._edge_list, prompt) if self._bucketed else 0
+            bucket = self._bucket_key(prompt)
             key = (bucket, progress, left)
         row = self._rows.get(key)
         if row is None:
@@ -487,6 +487,12 @@ class OutputLengthEstimator:
             weight = curve.num_events / (curve.num_events + self.config.prior_weight)
             pooled[at] = weight * own(curve, at) + (1.0 - weight) * pooled[at]
 
+    def _bucket_key(self, prompt: int) -> int:
+        """The prompt bucket the per-request caches (``still_running_row``, ``remaining_of``)
+        key on: ``prompt``'s bucket once a bucket has its own curve, else 0 (the pooled curve
+        alone decides)."""
+        return bisect.bisect_right(self._edge_list, prompt) if self._bucketed else 0
+
     def remaining_of(self, request: Request) -> float:
         """``remaining`` of one request, kept per (prompt bucket, produced, cap) until the
         next refit: a gate asks it of one waiting request after another, and those share
@@ -495,7 +501,7 @@ class OutputLengthEstimator:
         if self._pooled_curve is None:
             return float(max(request.max_tokens - produced, 1))
         prompt = request.num_prompt_tokens
-        bucket = bisect.bisect_right(self._edge_list, prompt) if self._bucketed else 0
+        bucket = self._bucket_key(prompt)
         key = (bucket, produced, request.max_tokens)
         value = self._remaining_of.get(key)
         if value is None:

@@ -85,7 +85,7 @@ class ReferenceTwp(TwpPolicy):
             expected = self.expected.queue_totals(waiting)
             scores = reference_scores(waiting, state.now_s, state.step_index, mean, cfg, expected)
             forced = np.flatnonzero(state.step_index - waiting.enqueued_step >= cfg.t_max_steps)
-            for request in waiting.request_at(forced):
+            for request in waiting.iter_at(forced):
                 need = state.blocks_for(request.num_tokens)
                 expected_left = self.expected.remaining_of(request)
                 idle = load == 0 and not outcome.admitted
@@ -102,7 +102,7 @@ class ReferenceTwp(TwpPolicy):
             skip = set(forced.tolist())
             order = [int(i) for i in np.argsort(-scores, kind="stable") if i not in skip]
             run_gate(
-                waiting.request_at(order), outcome, window, self.kv_guard, state.block_size,
+                waiting.iter_at(order), outcome, window, self.kv_guard, state.block_size,
                 self.expected.remaining_of, reservation,
             )  # fmt: skip
         self.expected.admitted(outcome.admitted)

@@ -114,7 +114,7 @@ class ReferenceTwpSlo(TwpSloPolicy):
         if len(waiting):
             waited = state.step_index - waiting.enqueued_step
             forced_positions = np.flatnonzero(waited >= cfg.max_wait_steps)
-            for request in waiting.request_at(forced_positions):
+            for request in waiting.iter_at(forced_positions):
                 need = state.blocks_for(request.num_tokens)
                 idle = not state.running and not admitted
                 tokens = self._chunk(request)
@@ -134,7 +134,7 @@ class ReferenceTwpSlo(TwpSloPolicy):
             skip = set(forced_positions.tolist())
             keys = self._reference_keys(state, budget, skip, late)
             order = [int(i) for i in np.argsort(-keys, kind="stable") if i not in skip]
-            for request in waiting.request_at(order):
+            for request in waiting.iter_at(order):
                 if late and self._is_late(request, request.num_prompt_tokens, state):
                     grant(late)
                     late = []
