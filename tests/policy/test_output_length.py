@@ -250,3 +250,49 @@ def test_one_requests_expected_output_is_kept_until_the_next_refit() -> None:
         request.status, request.finish_reason = RequestStatus.FINISHED, FinishReason.STOP
     estimator.observe([], 3)
     assert estimator.remaining_of(fresh) > before + 50
+
+
+@pytest.mark.parametrize("extrapolate", [True, False])
+def test_one_requests_figures_equal_the_batch_figures_exactly(extrapolate: bool) -> None:
+    # The scalar paths (one request at a time, as a gate asks) repeat the array paths'
+    # arithmetic: equal to the last bit, inside the curve and beyond its longest length.
+    rng = np.random.default_rng(5)
+    offsets = np.arange(0, 96, 6, dtype=np.int64)
+    for top in (40, 300, 5000):
+        for _ in range(20):
+            events = rng.integers(1, top, int(rng.integers(1, 300)))
+            censored = rng.integers(0, top, int(rng.integers(0, 100)))
+            curve = SurvivalCurve.fit(events, censored, extrapolate)
+            produced = rng.integers(0, int(top * 1.5), 30)
+            caps = produced + rng.integers(0, top, 30)
+            expected = curve.remaining(produced, caps)
+            rows = curve.still_running(produced, caps, offsets)
+            for j, (o, m) in enumerate(zip(produced.tolist(), caps.tolist(), strict=True)):
+                assert curve.remaining_one(o, m) == expected[j]
+                assert np.array_equal(curve.still_running_one(o, m, offsets), rows[j])
+
+
+def test_one_requests_estimate_equals_the_batch_estimate_exactly() -> None:
+    estimator = OutputLengthEstimator(OutputLengthConfig(bucket_edges=(256,), prior_weight=4))
+    rng = np.random.default_rng(6)
+    batch = [running(i, int(rng.integers(10, 600)), 400, 1) for i in range(60)]
+    estimator.observe(batch, 0)
+    for r in batch[:45]:
+        finish(r, int(rng.integers(1, 300)))
+    estimator.observe(batch[45:], 1)  # both buckets learned, 15 censored
+    offsets = np.arange(0, 128, 8, dtype=np.int64)
+    prompts = rng.integers(10, 600, 40)
+    produced = rng.integers(0, 350, 40)
+    caps = produced + rng.integers(1, 300, 40)
+    expected = estimator.remaining(prompts, produced, caps)
+    forecast = estimator.still_running(prompts, produced, caps, offsets).dense()
+    columns = zip(prompts.tolist(), produced.tolist(), caps.tolist(), strict=True)
+    for j, (p, o, m) in enumerate(columns):
+        request = Request(1000 + j, p, m, 0.0)
+        request.token_times_s = [0.0] * o
+        assert estimator.remaining_of(request) == expected[j]
+        # The same rounding to the grid as the batch forecast, and the same blend.
+        assert np.array_equal(estimator.still_running_row(p, o, m, offsets), forecast[j])
+        # A lower bound of any fresh request's estimate with at least this cap.
+        fresh = estimator.remaining(ints(10, 300), ints(0, 0), ints(m, m + 50))
+        assert estimator.smallest_fresh(m) <= fresh.min()

@@ -92,6 +92,7 @@ class SurvivalCurve:
     tail_hazard: float
     num_events: int
     dense: FloatArray  # S(x) for x = 0 .. tail_start
+    cumulative: FloatArray  # the sum of S(t) for t < x, for x = 0 .. tail_start
 
     @staticmethod
     def fit(events: IntArray, censored: IntArray, extrapolate: bool = True) -> SurvivalCurve:
@@ -111,9 +112,13 @@ class SurvivalCurve:
         area = np.concatenate(([0.0], np.cumsum(steps[:-1] * np.diff(starts))))
         last = float(survival[-1])
         hazard = -math.log(last) / tail_start if extrapolate and 0 < last < 1 else 0.0
-        dense = np.repeat(steps[:-1], np.diff(starts))
-        dense = np.append(dense, steps[-1])
-        return SurvivalCurve(starts, steps, area, tail_start, hazard, len(events), dense)
+        # The step holding each x = 0 .. T (the last one, of width 0, holds T itself).
+        step_of = np.append(np.repeat(np.arange(len(starts) - 1), np.diff(starts)), len(starts) - 1)
+        dense = steps[step_of]
+        cumulative = area[step_of] + dense * (np.arange(tail_start + 1) - starts[step_of])
+        return SurvivalCurve(
+            starts, steps, area, tail_start, hazard, len(events), dense, cumulative
+        )
 
     def survival_at(self, x: IntArray) -> FloatArray:
         """S(x) = P(L > x), read from the dense table (and the tail beyond it)."""
@@ -128,14 +133,28 @@ class SurvivalCurve:
     def _at(self, x: IntArray) -> tuple[FloatArray, FloatArray]:
         """S(x) and the sum of S(t) for t < x."""
         inside = np.minimum(x, self.tail_start)
-        k = np.searchsorted(self.starts, inside, side="right") - 1
-        s_k = self.survival[k]
-        area = self.area[k] + s_k * (inside - self.starts[k])
+        s_k = self.dense[inside]
+        area = self.cumulative[inside]
         beyond = np.maximum(x - self.tail_start, 0).astype(np.float64)
         h = self.tail_hazard
         if h > 0:
             area = area + s_k * (-np.expm1(-h * beyond)) / h
             return s_k * np.exp(-h * beyond), area
+        return s_k, area + s_k * beyond
+
+    def _at_one(self, x: int) -> tuple[float, float]:
+        """``_at`` of one length, in scalars (the same arithmetic, so the same values)."""
+        inside = min(x, self.tail_start)
+        s_k = float(self.dense[inside])
+        area = float(self.cumulative[inside])
+        beyond = float(max(x - self.tail_start, 0))
+        h = self.tail_hazard
+        if h > 0:
+            if beyond == 0.0:
+                return s_k, area
+            # numpy's exp and expm1, as ``_at`` evaluates them.
+            area = area + s_k * float(-np.expm1(-h * beyond)) / h
+            return s_k * float(np.exp(-h * beyond)), area
         return s_k, area + s_k * beyond
 
     def still_running(self, produced: IntArray, cap: IntArray, offsets: IntArray) -> FloatArray:
@@ -152,6 +171,18 @@ class SurvivalCurve:
         result: FloatArray = ratio * (offsets[None, :] < (cap - produced)[:, None])
         return result
 
+    def still_running_one(self, produced: int, cap: int, offsets: IntArray) -> FloatArray:
+        """``still_running`` of one request, as a row (the same values)."""
+        s_o = float(self.dense[min(produced, self.tail_start)])
+        if self.tail_hazard > 0 and produced > self.tail_start:
+            s_o *= float(np.exp(-self.tail_hazard * (produced - self.tail_start)))
+        if s_o > 0:
+            row = self.survival_at(produced + offsets) * (1.0 / s_o)
+        else:
+            row = np.ones(len(offsets))
+        result: FloatArray = row * (offsets < cap - produced)
+        return result
+
     def remaining(self, produced: IntArray, cap: IntArray) -> FloatArray:
         """E[min(L, cap) - produced | L > produced]; ``cap - produced`` where S = 0."""
         s_o, area_o = self._at(produced)
@@ -162,6 +193,15 @@ class SurvivalCurve:
         # Rounding only: the sum is within [S(o), (m - o) S(o)].
         result: FloatArray = np.clip(expected, 1.0, np.maximum(budget, 1.0))
         return result
+
+    def remaining_one(self, produced: int, cap: int) -> float:
+        """``remaining`` of one request, in scalars: the same value, without the cost of
+        arrays of one."""
+        s_o, area_o = self._at_one(produced)
+        _, area_m = self._at_one(cap)
+        budget = float(cap - produced)
+        expected = (area_m - area_o) / s_o if s_o > 0 else budget
+        return min(max(expected, 1.0), max(budget, 1.0))
 
 
 # Lengths up to this are counted in a table (``np.bincount``); longer ones are sorted.
@@ -337,6 +377,8 @@ class OutputLengthEstimator:
         self._rows: dict[tuple[int, int, int], FloatArray] = {}
         # remaining_of's values since the last refit, per (bucket, produced, cap).
         self._remaining_of: dict[tuple[int, int, int], float] = {}
+        # smallest_fresh's values since the last refit, per smallest cap.
+        self._smallest_fresh: dict[int, float] = {}
         self._row_grid = (0, 0)
 
     @property
@@ -458,14 +500,14 @@ class OutputLengthEstimator:
             if curve is None:
                 row = (offsets < left * step).astype(np.float64)
             else:
-                rep_produced = ints_of(progress * step)
-                rep_cap = ints_of((progress + left) * step)
-                rows = curve.still_running(rep_produced, rep_cap, offsets)
-                self._blend(
-                    rows, ints_of(key[0]),
-                    lambda c, at: c.still_running(rep_produced[at], rep_cap[at], offsets),
-                )  # fmt: skip
-                row = rows[0]
+                rep_produced, rep_cap = progress * step, (progress + left) * step
+                row = curve.still_running_one(rep_produced, rep_cap, offsets)
+                own = self._curves[key[0]] if self._bucketed else None
+                if own is not None:
+                    # ``_blend``'s arithmetic, on one row.
+                    weight = self._weight(own)
+                    own_row = own.still_running_one(rep_produced, rep_cap, offsets)
+                    row = weight * own_row + (1.0 - weight) * row
             row.flags.writeable = False
             self._rows[key] = row
         return row
@@ -484,8 +526,12 @@ class OutputLengthEstimator:
             at = np.flatnonzero(buckets == b)
             if not len(at):
                 continue
-            weight = curve.num_events / (curve.num_events + self.config.prior_weight)
+            weight = self._weight(curve)
             pooled[at] = weight * own(curve, at) + (1.0 - weight) * pooled[at]
+
+    def _weight(self, curve: SurvivalCurve) -> float:
+        """A bucket curve's weight in the blend: n / (n + prior_weight)."""
+        return curve.num_events / (curve.num_events + self.config.prior_weight)
 
     def _bucket_key(self, prompt: int) -> int:
         """The prompt bucket the per-request caches (``still_running_row``, ``remaining_of``)
@@ -498,20 +544,21 @@ class OutputLengthEstimator:
         next refit: a gate asks it of one waiting request after another, and those share
         a few caps and produced nothing yet."""
         produced = len(request.token_times_s)
-        if self._pooled_curve is None:
+        pooled = self._pooled_curve
+        if pooled is None:
             return float(max(request.max_tokens - produced, 1))
         prompt = request.num_prompt_tokens
         bucket = self._bucket_key(prompt)
         key = (bucket, produced, request.max_tokens)
         value = self._remaining_of.get(key)
         if value is None:
-            value = float(
-                self.remaining(
-                    np.array([prompt], dtype=np.int64),
-                    np.array([produced], dtype=np.int64),
-                    np.array([request.max_tokens], dtype=np.int64),
-                )[0]
-            )
+            cap = request.max_tokens
+            value = pooled.remaining_one(produced, cap)
+            own = self._curves[bucket] if self._bucketed else None
+            if own is not None:
+                # ``_blend``'s arithmetic, on one value.
+                weight = self._weight(own)
+                value = weight * own.remaining_one(produced, cap) + (1.0 - weight) * value
             self._remaining_of[key] = value
         return value
 
@@ -521,10 +568,12 @@ class OutputLengthEstimator:
         between its curves."""
         if self._pooled_curve is None:
             return float(smallest_cap)
-        cap = np.array([smallest_cap], dtype=np.int64)
-        zero = np.zeros(1, dtype=np.int64)
-        curves = [self._pooled_curve, *(c for c in self._curves if c is not None)]
-        return min(float(c.remaining(zero, cap)[0]) for c in curves)
+        value = self._smallest_fresh.get(smallest_cap)
+        if value is None:
+            curves = [self._pooled_curve, *(c for c in self._curves if c is not None)]
+            value = min(c.remaining_one(0, smallest_cap) for c in curves)
+            self._smallest_fresh[smallest_cap] = value
+        return value
 
     def telemetry(self) -> dict[str, float]:
         errors = self.errors
@@ -567,6 +616,7 @@ class OutputLengthEstimator:
         self._fitted_step = step_index
         self._rows.clear()
         self._remaining_of.clear()
+        self._smallest_fresh.clear()
         if not self._pooled:
             return
         if produced is None or prompts is None:
