@@ -429,12 +429,9 @@ class OutputLengthEstimator:
 
     def admitted(self, requests: Iterable[Request]) -> None:
         """Track ``requests`` (just admitted) with their predicted total output."""
-        batch = list(requests)
-        if not batch:
-            return
-        prompts, produced, caps = request_columns(batch)
-        totals = produced + self.remaining(prompts, produced, caps)
-        for request, total in zip(batch, totals.tolist(), strict=True):
+        # One at a time: ``remaining_of`` gives ``remaining``'s values, and a step admits few.
+        for request in requests:
+            total = len(request.token_times_s) + self.remaining_of(request)
             self._tracked[request.request_id] = _Tracked(request, total)
 
     def remaining(self, prompts: IntArray, produced: IntArray, caps: IntArray) -> FloatArray:
