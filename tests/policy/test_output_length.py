@@ -4,6 +4,7 @@ fallback and cap, and the error report."""
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -296,3 +297,37 @@ def test_one_requests_estimate_equals_the_batch_estimate_exactly() -> None:
         # A lower bound of any fresh request's estimate with at least this cap.
         fresh = estimator.remaining(ints(10, 300), ints(0, 0), ints(m, m + 50))
         assert estimator.smallest_fresh(m) <= fresh.min()
+
+
+def test_curves_are_fitted_when_first_read_from_the_refits_inputs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fits: list[int] = []
+    fit = SurvivalCurve.fit
+
+    def counted(*args: Any, **kwargs: Any) -> SurvivalCurve:
+        fits.append(1)
+        return fit(*args, **kwargs)
+
+    monkeypatch.setattr(SurvivalCurve, "fit", staticmethod(counted))
+    reads_at_once, reads_later = (OutputLengthEstimator(OutputLengthConfig()) for _ in range(2))
+    batch = [running(i, 100, 200, 1) for i in range(8)]
+    for estimator in (reads_at_once, reads_later):
+        estimator.observe(batch, 0)
+    for i, r in enumerate(batch[:6]):
+        finish(r, 10 + 20 * i)
+    produced = np.array([len(r.token_times_s) for r in batch[6:]], dtype=np.int64)
+    prompts = np.array([100, 100], dtype=np.int64)
+    ids = [r.request_id for r in batch[6:]]
+    reads_at_once.observe(batch[6:], 1, ids, produced, prompts)
+    probe = (ints(100), ints(0), ints(200))
+    expected = reads_at_once.remaining(*probe)
+    fits.clear()
+    reused = produced.copy()
+    reads_later.observe(batch[6:], 1, ids, reused, prompts)
+    assert not fits and reads_later.fitted  # due, not yet paid
+    reused += 50  # a caller reusing its buffer: the refit kept its own copy
+    more = [running(100 + i, 100, 200, 1) for i in range(3)]
+    reads_later.admitted(more)  # a read: fitted now, from step 1's inputs
+    assert len(fits) == 2  # pooled and the one bucket with lengths
+    assert np.array_equal(reads_later.remaining(*probe), expected)

@@ -355,7 +355,9 @@ class OutputLengthEstimator:
     Call ``observe(running, step_index)`` at the start of every plan (it learns from the
     requests that left ``running`` finished) and ``admitted(requests)`` with the requests
     the plan admits. ``remaining`` then gives expected remaining output tokens (always
-    within [1, max_tokens - produced]).
+    within [1, max_tokens - produced]). A refit (after a finish, or every ``refresh_steps``)
+    keeps its inputs and fits when an estimate is next asked for, so a step that asks none
+    pays none; the curves are the same either way.
     """
 
     def __init__(self, config: OutputLengthConfig) -> None:
@@ -368,6 +370,9 @@ class OutputLengthEstimator:
         self._tracked: dict[int, _Tracked] = {}
         self._curves: list[SurvivalCurve | None] = [None] * num_buckets
         self._pooled_curve: SurvivalCurve | None = None
+        # The last refit's inputs until a reader asks for the curves (``_fit_due``): the
+        # running requests' produced and prompt tokens, the pooled and the buckets' lengths.
+        self._due: tuple[IntArray, IntArray, IntArray, list[IntArray]] | None = None
         self._dirty = False
         self._fitted_step: int | None = None
         self._running_ids: list[int] = []
@@ -396,7 +401,7 @@ class OutputLengthEstimator:
     def fitted(self) -> bool:
         """False until a curve is fitted: until then every estimate is the budget left,
         ``max(max_tokens - produced, 1)``."""
-        return self._pooled_curve is not None
+        return self._pooled_curve is not None or self._due is not None
 
     def observe(
         self,
@@ -438,6 +443,7 @@ class OutputLengthEstimator:
         """Expected remaining output tokens of requests with these prompt lengths, tokens
         produced and ``max_tokens`` caps (arrays of equal length)."""
         budget: FloatArray = np.maximum(caps - produced, 1).astype(np.float64)
+        self._fit_due()
         pooled = self._pooled_curve
         if pooled is None or not len(prompts):
             return budget
@@ -455,6 +461,7 @@ class OutputLengthEstimator:
         request's progress is rounded down to a multiple of d and its tokens left up to
         one: requests of one prompt bucket that fall together then share a row, computed
         once (exact for d = 1). Before a curve is fitted: 1 until the cap, 0 from there."""
+        self._fit_due()
         pooled = self._pooled_curve
         if pooled is None:
             return StillRunning.to_caps(produced, caps, offsets)
@@ -485,6 +492,8 @@ class OutputLengthEstimator:
         if (step, num_offsets) != self._row_grid:
             self._rows.clear()
             self._row_grid = (step, num_offsets)
+        if not budget:
+            self._fit_due()
         curve = None if budget else self._pooled_curve
         if curve is None:
             # Running to the cap: the row depends on the tokens left only.
@@ -541,6 +550,7 @@ class OutputLengthEstimator:
         next refit: a gate asks it of one waiting request after another, and those share
         a few caps and produced nothing yet."""
         produced = len(request.token_times_s)
+        self._fit_due()
         pooled = self._pooled_curve
         if pooled is None:
             return float(max(request.max_tokens - produced, 1))
@@ -563,6 +573,7 @@ class OutputLengthEstimator:
         """A lower bound of the expected output of any request not yet started whose cap is
         at least ``smallest_cap``: the estimate is monotone in the cap and a blend lies
         between its curves."""
+        self._fit_due()
         if self._pooled_curve is None:
             return float(smallest_cap)
         value = self._smallest_fresh.get(smallest_cap)
@@ -618,12 +629,25 @@ class OutputLengthEstimator:
             return
         if produced is None or prompts is None:
             prompts, produced, _ = request_columns(running)
+        # Fitted when first read: a step that asks for no estimate pays for no fit. The
+        # inputs are copied, so the curves are this step's whenever they are read.
+        self._due = (
+            produced.copy(), prompts.copy(), self._pooled.values.copy(),
+            [events.values.copy() for events in self._events],
+        )  # fmt: skip
+
+    def _fit_due(self) -> None:
+        """Fit the curves of the last refit, if not yet done (every reader calls this)."""
+        if self._due is None:
+            return
+        produced, prompts, pooled, per_bucket = self._due
+        self._due = None
         buckets = np.searchsorted(self._edges, prompts, side="right")
         tail = self.config.extrapolate_tail
-        self._pooled_curve = SurvivalCurve.fit(self._pooled.values, produced, tail)
-        for b, events in enumerate(self._events):
+        self._pooled_curve = SurvivalCurve.fit(pooled, produced, tail)
+        for b, events in enumerate(per_bucket):
             self._curves[b] = (
-                SurvivalCurve.fit(events.values, produced[buckets == b], tail) if events else None
+                SurvivalCurve.fit(events, produced[buckets == b], tail) if len(events) else None
             )
         self._bucketed = any(c is not None for c in self._curves)
 
