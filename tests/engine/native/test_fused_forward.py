@@ -21,6 +21,7 @@ from tokenpace.engine.native.linear_kernels import (
     UpcastLinear,
     measure_packing_wins,
     measure_upcast_min_rows,
+    packing_supported,
     upcast_linear,
 )
 from tokenpace.engine.native.loading import load_model
@@ -120,13 +121,15 @@ def test_measured_crossover_is_the_first_of_a_winning_tail() -> None:
     assert measure_upcast_min_rows(weight.float(), clock) is None
 
 
-needs_onednn = pytest.mark.skipif(
-    not torch.backends.mkldnn.is_available(),  # type: ignore[no-untyped-call]
-    reason="packed weights need torch built with oneDNN",
+# Packing needs torch with oneDNN and, for bfloat16, AVX-512 BW/VL/DQ or AVX-NE-CONVERT.
+PACKING_UNSUPPORTED = packing_supported(torch.bfloat16)
+needs_packing = pytest.mark.skipif(
+    PACKING_UNSUPPORTED is not None,
+    reason=f"this machine cannot pack bfloat16 weights: {PACKING_UNSUPPORTED}",
 )
 
 
-@needs_onednn
+@needs_packing
 def test_packed_linear_is_torchs_bfloat16_product_bit_for_bit() -> None:
     generator = torch.Generator().manual_seed(0)
     weight = torch.randn(300, 96, generator=generator).to(torch.bfloat16)
@@ -139,7 +142,7 @@ def test_packed_linear_is_torchs_bfloat16_product_bit_for_bit() -> None:
         assert torch.equal(out, torch.nn.functional.linear(x, weight))
 
 
-@needs_onednn
+@needs_packing
 def test_packed_weights_keep_the_greedy_outputs_exactly() -> None:
     plain = _engine(dtype="bfloat16", upcast_min_tokens=0, pack_weights="off")
     packed = NativeEngine(
@@ -160,7 +163,7 @@ def test_packing_is_refused_for_float32_and_for_a_bad_setting() -> None:
     assert _engine(dtype="float32").linear_kernel == "plain"
 
 
-@needs_onednn
+@needs_packing
 def test_packing_wins_only_when_faster_at_every_probed_row_count() -> None:
     """A scripted clock: packed products take ``packed_s`` against 1 s for torch's."""
 
@@ -178,6 +181,26 @@ def test_packing_wins_only_when_faster_at_every_probed_row_count() -> None:
     slower_once = [0.5] * (len(PACKING_PROBE_ROWS) - 1) + [2.0]
     assert not measure_packing_wins(weight, clock(slower_once))  # type: ignore[arg-type]
     assert not measure_packing_wins(weight.float(), clock(faster))  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(PACKING_UNSUPPORTED is None, reason="this machine can pack bfloat16 weights")
+def test_packing_where_the_cpu_cannot_is_refused_by_name_or_left_off() -> None:
+    plain = _engine(dtype="bfloat16", upcast_min_tokens=0, pack_weights="off")
+    with pytest.raises(ValueError, match="pack_weights='on': this machine cannot pack"):
+        NativeEngine(
+            plain.loaded,
+            NativeEngineConfig(model=TINY, device="cpu", upcast_min_tokens=0, pack_weights="on"),
+            time.perf_counter,
+            np.random.default_rng(0),
+        )
+    auto = NativeEngine(
+        plain.loaded,
+        NativeEngineConfig(model=TINY, device="cpu", upcast_min_tokens=0, pack_weights="auto"),
+        time.perf_counter,
+        np.random.default_rng(0),
+    )
+    assert auto.linear_kernel == "plain"
+    assert not measure_packing_wins(torch.zeros(8, 8, dtype=torch.bfloat16))
 
 
 def test_random_model_has_no_tokenizer_and_refuses_text() -> None:

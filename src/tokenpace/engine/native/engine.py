@@ -32,6 +32,7 @@ from tokenpace.engine.native.linear_kernels import (
     UpcastLinear,
     measure_packing_wins,
     measure_upcast_min_rows,
+    packing_supported,
 )
 from tokenpace.engine.native.loading import LoadedModel, load_model
 from tokenpace.engine.native.logprobs import token_logprobs
@@ -125,6 +126,12 @@ class NativeEngine(BlockAccountedEngine):
                 raise ValueError(
                     "NativeEngineConfig.pack_weights='on' needs bfloat16 or float16 weights on "
                     f"the CPU, got {weight.dtype} on {self.loaded.device}"
+                )
+            unsupported = packing_supported(weight.dtype)
+            if unsupported is not None:
+                raise ValueError(
+                    f"NativeEngineConfig.pack_weights='on': this machine cannot pack "
+                    f"{weight.dtype} weights ({unsupported}); use 'auto' or 'off'"
                 )
             return True
         return reduced_on_cpu and measure_packing_wins(weight, self._clock)

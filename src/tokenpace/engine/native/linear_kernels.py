@@ -129,6 +129,20 @@ class PackedLinear:
         return out
 
 
+def packing_supported(dtype: torch.dtype) -> str | None:
+    """None when ``PackedLinear`` can prepare CPU weights of ``dtype`` on this machine, else
+    why not: torch without oneDNN, or a CPU without the instructions oneDNN's reduced-
+    precision reorder needs (for bfloat16, AVX-512 BW/VL/DQ or AVX-NE-CONVERT). Tried on a
+    small weight."""
+    if not torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
+        return "torch was built without oneDNN"
+    try:
+        PackedLinear().prepare(torch.zeros(16, 16, dtype=dtype))
+    except RuntimeError as error:
+        return str(error).strip().splitlines()[0]
+    return None
+
+
 def measure_packing_wins(
     weight: torch.Tensor, clock: Clock = time.perf_counter, repeats: int = 3
 ) -> bool:
