@@ -107,13 +107,22 @@ class SurvivalCurve:
         at_risk = events_beyond + (len(censored) - np.searchsorted(censored, lengths, side="left"))
         survival = np.cumprod(1.0 - counts / at_risk)
         tail_start = int(max(lengths[-1], censored[-1])) if len(censored) else int(lengths[-1])
-        starts = np.concatenate(([0], lengths, [tail_start])).astype(np.int64)
-        steps = np.concatenate(([1.0], survival, survival[-1:]))
-        area = np.concatenate(([0.0], np.cumsum(steps[:-1] * np.diff(starts))))
+        num_steps = len(lengths) + 2
+        starts = np.empty(num_steps, dtype=np.int64)
+        starts[0], starts[1:-1], starts[-1] = 0, lengths, tail_start
+        steps = np.empty(num_steps)
+        steps[0], steps[1:-1], steps[-1] = 1.0, survival, survival[-1]
+        # Each step's width, and 1 for the last (of width 0), which holds T itself.
+        widths = np.empty(num_steps, dtype=np.int64)
+        widths[:-1] = np.diff(starts)
+        widths[-1] = 1
+        area = np.empty(num_steps)
+        area[0] = 0.0
+        np.cumsum(steps[:-1] * widths[:-1], out=area[1:])
         last = float(survival[-1])
         hazard = -math.log(last) / tail_start if extrapolate and 0 < last < 1 else 0.0
-        # The step holding each x = 0 .. T (the last one, of width 0, holds T itself).
-        step_of = np.append(np.repeat(np.arange(len(starts) - 1), np.diff(starts)), len(starts) - 1)
+        # The step holding each x = 0 .. T.
+        step_of = np.repeat(np.arange(num_steps), widths)
         dense = steps[step_of]
         cumulative = area[step_of] + dense * (np.arange(tail_start + 1) - starts[step_of])
         return SurvivalCurve(
@@ -214,10 +223,10 @@ def _distinct_counts(values: IntArray) -> tuple[IntArray, IntArray]:
     small enough (a few microseconds instead of a sort)."""
     if int(values.max()) > _COUNT_TABLE_MAX:
         distinct, counts = np.unique(values, return_counts=True)
-        return distinct.astype(np.int64), counts.astype(np.int64)
+        return distinct.astype(np.int64, copy=False), counts.astype(np.int64, copy=False)
     table = np.bincount(values)
-    distinct = np.flatnonzero(table).astype(np.int64)
-    return distinct, table[distinct].astype(np.int64)
+    distinct = np.flatnonzero(table).astype(np.int64, copy=False)
+    return distinct, table[distinct].astype(np.int64, copy=False)
 
 
 class LengthWindow:
