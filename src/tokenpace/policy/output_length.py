@@ -408,8 +408,9 @@ class OutputLengthEstimator:
 
     @property
     def fitted(self) -> bool:
-        """False until a curve is fitted: until then every estimate is the budget left,
-        ``max(max_tokens - produced, 1)``."""
+        """False until a refit has a finished request to learn from (its curves may still
+        be due): until then every estimate is the budget left, ``max(max_tokens -
+        produced, 1)``."""
         return self._pooled_curve is not None or self._due is not None
 
     def observe(
