@@ -118,14 +118,21 @@ def test_twp_slo_steps_carry_no_more_prefill_than_its_plan(vllm_llm: Any) -> Non
     for record in bound:
         assert record.planned_tokens is not None
         assert record.num_scheduled_tokens <= record.planned_tokens, record
+    # vLLM carries prefill beside decodes exactly where the plan grants it. How much the
+    # budget grants follows the machine's measured steps through the policy's calibration:
+    # on one machine the largest shares were 342 and 410 tokens in two runs; on one whose
+    # 512-token prefill took 8 s and decode steps 65 ms, decodes alone used the ITL target
+    # up and no step mixed.
+    granted = [
+        r for r in bound if r.num_decode_tokens and (r.planned_tokens or 0) > r.num_decode_tokens
+    ]
     mixed = [
         r for r in bound if r.num_decode_tokens and r.num_scheduled_tokens > r.num_decode_tokens
     ]
-    assert mixed, "no step mixed prefill into decodes"
+    assert mixed == granted
     # The budget, not vLLM's token limit, sets a decode step's prefill share: vLLM alone
-    # fills each step to max_num_batched_tokens with these prompts. How far below depends
-    # on the machine's speed through the policy's calibration (largest shares of 342 and
-    # 410 tokens in two runs), so the bound is vLLM's limit, not a prompt's length.
+    # fills each step to max_num_batched_tokens with these prompts, so the bound is vLLM's
+    # limit, not a prompt's length.
     limit = scheduler.scheduler_config.max_num_batched_tokens
     assert all(r.num_scheduled_tokens < limit for r in mixed), (limit, mixed)
     # The scheduler's own limits are restored after every pass.
