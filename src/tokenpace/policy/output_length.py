@@ -34,6 +34,7 @@ import bisect
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -43,6 +44,8 @@ from tokenpace.core.request import FinishReason, Request, RequestStatus
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
+# A figure blended per request: one value, or one row over a forecast grid.
+_Blended = TypeVar("_Blended", float, FloatArray)
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,9 +185,7 @@ class SurvivalCurve:
 
     def still_running_one(self, produced: int, cap: int, offsets: IntArray) -> FloatArray:
         """``still_running`` of one request, as a row (the same values)."""
-        s_o = float(self.dense[min(produced, self.tail_start)])
-        if self.tail_hazard > 0 and produced > self.tail_start:
-            s_o *= float(np.exp(-self.tail_hazard * (produced - self.tail_start)))
+        s_o, _ = self._at_one(produced)
         if s_o > 0:
             row = self.survival_at(produced + offsets) * (1.0 / s_o)
         else:
@@ -517,13 +518,10 @@ class OutputLengthEstimator:
                 row = (offsets < left * step).astype(np.float64)
             else:
                 rep_produced, rep_cap = progress * step, (progress + left) * step
-                row = curve.still_running_one(rep_produced, rep_cap, offsets)
-                own = self._curves[key[0]] if self._bucketed else None
-                if own is not None:
-                    # ``_blend``'s arithmetic, on one row.
-                    weight = self._weight(own)
-                    own_row = own.still_running_one(rep_produced, rep_cap, offsets)
-                    row = weight * own_row + (1.0 - weight) * row
+                row = self._blend_one(
+                    key[0], curve.still_running_one(rep_produced, rep_cap, offsets),
+                    lambda own: own.still_running_one(rep_produced, rep_cap, offsets),
+                )  # fmt: skip
             row.flags.writeable = False
             self._rows[key] = row
         return row
@@ -544,6 +542,19 @@ class OutputLengthEstimator:
                 continue
             weight = self._weight(curve)
             pooled[at] = weight * own(curve, at) + (1.0 - weight) * pooled[at]
+
+    def _blend_one(
+        self, bucket: int, pooled: _Blended, own: Callable[[SurvivalCurve], _Blended]
+    ) -> _Blended:
+        """``_blend`` of one request in prompt bucket ``bucket`` (a ``_bucket_key``):
+        ``pooled`` (the pooled curve's figure) blended with ``own(curve)``, the bucket
+        curve's, by the same arithmetic; ``pooled`` when the bucket has no curve."""
+        curve = self._curves[bucket] if self._bucketed else None
+        if curve is None:
+            return pooled
+        weight = self._weight(curve)
+        blended: _Blended = weight * own(curve) + (1.0 - weight) * pooled
+        return blended
 
     def _weight(self, curve: SurvivalCurve) -> float:
         """A bucket curve's weight in the blend: n / (n + prior_weight)."""
@@ -570,12 +581,10 @@ class OutputLengthEstimator:
         value = self._remaining_of.get(key)
         if value is None:
             cap = request.max_tokens
-            value = pooled.remaining_one(produced, cap)
-            own = self._curves[bucket] if self._bucketed else None
-            if own is not None:
-                # ``_blend``'s arithmetic, on one value.
-                weight = self._weight(own)
-                value = weight * own.remaining_one(produced, cap) + (1.0 - weight) * value
+            value = self._blend_one(
+                bucket, pooled.remaining_one(produced, cap),
+                lambda own: own.remaining_one(produced, cap),
+            )  # fmt: skip
             self._remaining_of[key] = value
         return value
 
