@@ -116,8 +116,8 @@ def projections_ms(
             start = time.perf_counter()
             for x, w in zip(inputs, prepared, strict=True):
                 kernel(x, w)
-            if w.device.type == "cuda":
-                torch.cuda.synchronize(w.device)
+            if w.plain.device.type == "cuda":
+                torch.cuda.synchronize(w.plain.device)
             times.append(1000 * (time.perf_counter() - start))
     return statistics.median(times)
 

@@ -21,6 +21,8 @@ from tokenpace.engine.native.linear_kernels import (
     UpcastLinear,
     measure_packing_wins,
     measure_upcast_min_rows,
+    pack_float32,
+    packed_upcast_linear,
     packing_supported,
     upcast_linear,
 )
@@ -73,15 +75,33 @@ def test_fused_and_transformers_paths_agree_on_mixed_steps() -> None:
     assert _greedy(fused) == _greedy(plain)
 
 
-def test_upcast_products_keep_bfloat16_greedy_outputs() -> None:
+# oneDNN packs float32 weights wherever torch has it (no special instructions needed).
+FLOAT32_PACKING_UNSUPPORTED = packing_supported(torch.float32)
+needs_float32_packing = pytest.mark.skipif(
+    FLOAT32_PACKING_UNSUPPORTED is not None,
+    reason=f"this machine cannot pack float32 weights: {FLOAT32_PACKING_UNSUPPORTED}",
+)
+
+
+@pytest.mark.parametrize(
+    ("pack_weights", "kernel"),
+    [
+        pytest.param("auto", "upcast-packed", marks=needs_float32_packing),
+        ("off", "upcast"),
+    ],
+)
+def test_upcast_products_keep_bfloat16_greedy_outputs(pack_weights: str, kernel: str) -> None:
     native = _engine(dtype="bfloat16", upcast_min_tokens=0)
     upcast = NativeEngine(
         native.loaded,
-        NativeEngineConfig(model=TINY, device="cpu", upcast_min_tokens=1),
+        NativeEngineConfig(
+            model=TINY, device="cpu", upcast_min_tokens=1, pack_weights=pack_weights
+        ),
         time.perf_counter,
         np.random.default_rng(0),
     )
     assert (native.upcast_min_rows, upcast.upcast_min_rows) == (None, 1)
+    assert (native.linear_kernel, upcast.linear_kernel) == ("plain", kernel)
     outputs, reference = _greedy(upcast), _greedy(native)
     pairs = [
         (a, b)
@@ -102,8 +122,32 @@ def test_upcast_linear_is_the_float32_product_in_blocks() -> None:
     assert out.dtype == torch.bfloat16
     assert torch.equal(out, expected)
     dispatch = UpcastLinear(min_rows=4)
-    assert torch.equal(dispatch(x, weight), expected)
-    assert torch.equal(dispatch(x[:3], weight), torch.nn.functional.linear(x[:3], weight))
+    prepared = dispatch.prepare(weight)
+    assert prepared.packed is None
+    assert torch.equal(dispatch(x, prepared), expected)
+    assert torch.equal(dispatch(x[:3], prepared), torch.nn.functional.linear(x[:3], weight))
+
+
+@needs_float32_packing
+def test_packed_upcast_is_the_float32_product_up_to_its_summation_order() -> None:
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(3000, 96, generator=generator).to(torch.bfloat16)
+    x = torch.randn(5, 96, generator=generator).to(torch.bfloat16)
+    exact = x.double() @ weight.double().T
+    copy = pack_float32(weight)
+    out = packed_upcast_linear(x, copy)
+    assert out.dtype == torch.bfloat16
+    # float32 sums of 96 exact products, then bfloat16 rounding: within one bfloat16 step
+    # (a relative 2^-8) of the exact value, and nearly always the float32 product's rounding.
+    assert torch.allclose(out.double(), exact, rtol=2**-7, atol=1e-5)
+    expected = (x.float() @ weight.float().T).to(torch.bfloat16)
+    assert (out == expected).float().mean() >= 0.99
+    dispatch = UpcastLinear(min_rows=4, packed=True)
+    prepared = dispatch.prepare(weight)
+    assert prepared.packed is not None and prepared.plain is weight
+    assert torch.equal(dispatch(x, prepared), out)
+    assert torch.equal(dispatch(x[:3], prepared), torch.nn.functional.linear(x[:3], weight))
+    assert UpcastLinear(min_rows=None, packed=True).prepare(weight).packed is None
 
 
 def test_measured_crossover_is_the_first_of_a_winning_tail() -> None:

@@ -52,14 +52,17 @@ class NativeEngineConfig:
     upcast_min_tokens: int = option(
         -1,
         "Fused forward on CPU, reduced precision: steps of at least this many tokens compute "
-        "projections in float32 (weights upcast block by block); -1 measures the crossover "
-        "at load, 0 never.",
+        "projections in float32 (on packed float32 copies of the weights, or with "
+        "pack_weights off converted block by block); -1 measures the crossover at load, 0 "
+        "never.",
     )
     pack_weights: str = option(
         "auto",
-        "Fused forward on CPU, reduced precision, when float32 products are not used: "
-        "reorder the projection weights once into oneDNN's blocked layout (same results, "
-        "a second copy of those weights). auto measures at load whether it wins; on, off.",
+        "Fused forward on CPU, reduced precision: reorder the projection weights once into "
+        "oneDNN's blocked layout. Where float32 products are used (upcast_min_tokens), their "
+        "float32 copies (twice the weights' memory; off converts per step instead); "
+        "elsewhere the weights themselves (same results, a second copy), auto measuring "
+        "whether that wins. auto, on, off.",
         choices=PACK_WEIGHTS,
     )
 

@@ -109,12 +109,32 @@ class NativeEngine(BlockAccountedEngine):
 
     def _choose_kernel(self, weight: torch.Tensor) -> LinearKernel:
         """The projections' kernel: float32 products from ``upcast_min_rows`` tokens when
-        that is configured or measured to win, else packed weights when ``pack_weights``
-        says so (``on``) or they are measured to win (``auto``), else torch's product."""
-        self.upcast_min_rows = self._choose_upcast(weight)
+        that is configured or measured to win (on packed float32 copies unless
+        ``pack_weights`` is off or oneDNN cannot pack them), else packed weights when
+        ``pack_weights`` says so (``on``) or they are measured to win (``auto``), else
+        torch's product."""
+        packed_upcast = self._packs_upcast(weight)
+        self.upcast_min_rows = self._choose_upcast(weight, packed_upcast)
         if self.upcast_min_rows is None and self._choose_packing(weight):
             return PackedLinear()
-        return UpcastLinear(self.upcast_min_rows)
+        return UpcastLinear(self.upcast_min_rows, packed=packed_upcast)
+
+    def _packs_upcast(self, weight: torch.Tensor) -> bool:
+        """Whether float32 products, where they are used, read packed float32 copies: for
+        reduced-precision weights on the CPU unless ``pack_weights`` is off, where oneDNN
+        can pack float32 (``on`` refuses, naming why, where it cannot)."""
+        setting = self.config.pack_weights
+        if setting == "off" or self.loaded.device.type != "cpu":
+            return False
+        if weight.dtype == torch.float32:
+            return False
+        unsupported = packing_supported(torch.float32)
+        if unsupported is not None and setting == "on":
+            raise ValueError(
+                "NativeEngineConfig.pack_weights='on': this machine cannot pack the float32 "
+                f"copies of upcast products ({unsupported}); use 'auto' or 'off'"
+            )
+        return unsupported is None
 
     def _choose_packing(self, weight: torch.Tensor) -> bool:
         setting = self.config.pack_weights
@@ -143,19 +163,20 @@ class NativeEngine(BlockAccountedEngine):
 
     @property
     def linear_kernel(self) -> str:
-        """The projection kernel's name (``plain``, ``upcast`` or ``packed``), or
-        ``transformers`` when the model's own code runs."""
+        """The projection kernel's name (``plain``, ``upcast``, ``upcast-packed`` or
+        ``packed``), or ``transformers`` when the model's own code runs."""
         return self._kernel.name if self._kernel is not None else "transformers"
 
-    def _choose_upcast(self, weight: torch.Tensor) -> int | None:
+    def _choose_upcast(self, weight: torch.Tensor, packed: bool) -> int | None:
         """From how many step tokens projections run in float32 (None: never): the
-        configured value, else measured on this CPU for reduced-precision weights."""
+        configured value, else measured on this CPU for reduced-precision weights (with the
+        float32 product taken from packed copies when ``packed``)."""
         setting = self.config.upcast_min_tokens
         if setting >= 0:
             return setting or None
         if self.loaded.device.type != "cpu" or weight.dtype == torch.float32:
             return None
-        return measure_upcast_min_rows(weight, self._clock)
+        return measure_upcast_min_rows(weight, self._clock, packed=packed)
 
     @property
     def forward_path(self) -> str:

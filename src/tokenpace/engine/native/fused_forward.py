@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from tokenpace.engine.native.attention import StepLayout, attend
-from tokenpace.engine.native.linear_kernels import LinearKernel, UpcastLinear
+from tokenpace.engine.native.linear_kernels import LinearKernel, PreparedWeight, UpcastLinear
 
 SUPPORTED_MODEL_TYPES = frozenset({"llama"})
 
@@ -55,10 +55,10 @@ class _Layer:
     index: int
     input_norm: torch.Tensor
     post_norm: torch.Tensor
-    qkv: torch.Tensor
-    o: torch.Tensor
-    gate_up: torch.Tensor
-    down: torch.Tensor
+    qkv: PreparedWeight
+    o: PreparedWeight
+    gate_up: PreparedWeight
+    down: PreparedWeight
     act: Any
     scale: float
 
