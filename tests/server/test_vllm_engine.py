@@ -18,7 +18,8 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def vllm_server() -> Iterator[RunningServer]:
-    running = start_server(engine="vllm", dtype="bfloat16", max_model_len=512, kv_cache_tokens=8192)
+    # auto: vLLM starts too slowly to load twice, so it follows the hardware rule.
+    running = start_server(engine="vllm", dtype="auto", max_model_len=512, kv_cache_tokens=8192)
     yield running
     running.stop()
 

@@ -11,6 +11,7 @@ import pytest
 
 from tests.engine.vllm.model import (
     BUILD,
+    DTYPE,
     KV_CACHE_BYTES,
     MAX_MODEL_LEN,
     embedded_model,
@@ -36,7 +37,7 @@ def vllm_llm() -> Iterator[Any]:
             max_num_seqs=32,
             max_num_batched_tokens=512,
             kv_cache_memory_bytes=KV_CACHE_BYTES,
-            dtype="bfloat16",  # KV_CACHE_BYTES is sized in bfloat16 blocks
+            dtype=DTYPE,  # KV_CACHE_BYTES is sized for it
         )
         llm = LLM(**config.llm_kwargs())
         yield llm

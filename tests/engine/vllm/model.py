@@ -7,15 +7,20 @@ from pathlib import Path
 
 import pytest
 
+from tokenpace.engine.dtype import resolve_dtype
 from tokenpace.engine.vllm.config import local_environment
 from tokenpace.engine.vllm.settings import ENV_POLICY
 
 ROOT = Path(__file__).resolve().parents[3]
 BUILD = ROOT / "build"
 MODEL_DIR = BUILD / "native-cache" / "smollm2-135m-instruct"
-# A small KV cache (about 48 blocks of 32 tokens) so a test can exhaust it and see vLLM
-# preempt under the policy's admissions.
-KV_CACHE_BYTES = 36 * 2**20
+# The engines' precision: the project's rule for ``auto`` (bfloat16 where the CPU computes
+# it natively, else float32: a 512-token bfloat16 prefill took seconds on an AVX2 CPU).
+DTYPE = resolve_dtype("auto", "cpu")
+_ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# A small KV cache (about 48 blocks of 32 tokens in any precision) so a test can exhaust it
+# and see vLLM preempt under the policy's admissions.
+KV_CACHE_BYTES = 18 * 2**20 * _ELEMENT_BYTES[DTYPE]
 MAX_MODEL_LEN = 512
 
 

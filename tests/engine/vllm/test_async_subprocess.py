@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine.vllm.model import BUILD, KV_CACHE_BYTES, MAX_MODEL_LEN, embedded_model
+from tests.engine.vllm.model import BUILD, DTYPE, KV_CACHE_BYTES, MAX_MODEL_LEN, embedded_model
 from tokenpace.engine.vllm.config import ASYNC_SCHEDULER_CLS, local_environment
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -47,6 +47,7 @@ def test_async_scheduler_in_engine_core_process(tmp_path: Path) -> None:
         model=str(model),
         max_model_len=MAX_MODEL_LEN,
         kv_cache_memory_bytes=KV_CACHE_BYTES,
+        dtype=DTYPE,
         async_scheduling=True,
     )
     kwargs = config.llm_kwargs()

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from tests.engine.vllm.model import DTYPE
 from tokenpace.core.request import RequestStatus
 from tokenpace.core.sampling import SamplingParams
 from tokenpace.engine.profile import load_profile
@@ -26,7 +27,7 @@ def backend_over(llm: Any) -> Any:
 
     scheduler_of(llm).clock = time.perf_counter
     profile = load_profile("v100-llama-3.2-3b")
-    return VllmBackend(llm, profile, time.perf_counter, DtypeChoice("bfloat16", 1))
+    return VllmBackend(llm, profile, time.perf_counter, DtypeChoice(DTYPE, 1))
 
 
 def test_workload_respects_arrivals_and_stamps_every_token(vllm_llm: Any) -> None:
