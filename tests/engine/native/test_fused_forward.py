@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from itertools import count
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +20,8 @@ from tokenpace.engine.native.linear_kernels import (
     PROBE_ROWS,
     PackedLinear,
     UpcastLinear,
+    available_memory_bytes,
+    float32_copies_fit,
     measure_packing_wins,
     measure_upcast_min_rows,
     pack_float32,
@@ -32,6 +35,13 @@ from tokenpace.engine.native.random_model import shipped_configs
 pytestmark = pytest.mark.native
 
 TINY = "random:tiny-llama"
+
+# oneDNN packs float32 weights wherever torch has it (no special instructions needed).
+FLOAT32_PACKING_UNSUPPORTED = packing_supported(torch.float32)
+needs_float32_packing = pytest.mark.skipif(
+    FLOAT32_PACKING_UNSUPPORTED is not None,
+    reason=f"this machine cannot pack float32 weights: {FLOAT32_PACKING_UNSUPPORTED}",
+)
 
 
 def _engine(**overrides: object) -> NativeEngine:
@@ -73,14 +83,6 @@ def test_fused_and_transformers_paths_agree_on_mixed_steps() -> None:
     )
     assert (fused.forward_path, plain.forward_path) == ("fused", "transformers")
     assert _greedy(fused) == _greedy(plain)
-
-
-# oneDNN packs float32 weights wherever torch has it (no special instructions needed).
-FLOAT32_PACKING_UNSUPPORTED = packing_supported(torch.float32)
-needs_float32_packing = pytest.mark.skipif(
-    FLOAT32_PACKING_UNSUPPORTED is not None,
-    reason=f"this machine cannot pack float32 weights: {FLOAT32_PACKING_UNSUPPORTED}",
-)
 
 
 @pytest.mark.parametrize(
@@ -159,10 +161,26 @@ def test_measured_crossover_is_the_first_of_a_winning_tail() -> None:
         for _ in range(3):  # each repeat reads the clock at start, middle and end
             start = 10.0 * len(times)
             times += [start, start + native, start + native + upcast]
-    clock = iter(times).__next__
     weight = torch.zeros(8, 8, dtype=torch.bfloat16)
-    assert measure_upcast_min_rows(weight, clock) == 8
-    assert measure_upcast_min_rows(weight.float(), clock) is None
+    assert measure_upcast_min_rows(weight, iter(times).__next__) == 8
+    assert measure_upcast_min_rows(weight.float(), iter(times).__next__) is None
+    if FLOAT32_PACKING_UNSUPPORTED is None:
+        assert measure_upcast_min_rows(weight, iter(times).__next__, packed=True) == 8
+
+
+def test_float32_copies_are_packed_only_where_they_fit_in_half_the_free_memory(
+    tmp_path: Path,
+) -> None:
+    # 100 bytes of bfloat16 weights have 200 bytes of float32 copies.
+    assert float32_copies_fit(100, torch.bfloat16, 400)
+    assert not float32_copies_fit(100, torch.bfloat16, 399)
+    assert not float32_copies_fit(100, torch.bfloat16, None)
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:  4096 kB\nMemFree:  512 kB\nMemAvailable:  1024 kB\n")
+    assert available_memory_bytes(meminfo) == 1024 * 1024
+    meminfo.write_text("MemTotal:  4096 kB\n")
+    assert available_memory_bytes(meminfo) is None
+    assert available_memory_bytes(tmp_path / "missing") is None
 
 
 # Packing needs torch with oneDNN and, for bfloat16, AVX-512 BW/VL/DQ or AVX-NE-CONVERT.

@@ -60,9 +60,9 @@ class NativeEngineConfig:
         "auto",
         "Fused forward on CPU, reduced precision: reorder the projection weights once into "
         "oneDNN's blocked layout. Where float32 products are used (upcast_min_tokens), their "
-        "float32 copies (twice the weights' memory; off converts per step instead); "
-        "elsewhere the weights themselves (same results, a second copy), auto measuring "
-        "whether that wins. auto, on, off.",
+        "float32 copies (twice the weights' memory; auto only where that is at most half the "
+        "available memory; off converts per step instead); elsewhere the weights themselves "
+        "(same results, a second copy), auto measuring whether that wins. auto, on, off.",
         choices=PACK_WEIGHTS,
     )
 

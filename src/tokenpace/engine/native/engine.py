@@ -30,6 +30,8 @@ from tokenpace.engine.native.linear_kernels import (
     LinearKernel,
     PackedLinear,
     UpcastLinear,
+    available_memory_bytes,
+    float32_copies_fit,
     measure_packing_wins,
     measure_upcast_min_rows,
     packing_supported,
@@ -121,20 +123,25 @@ class NativeEngine(BlockAccountedEngine):
 
     def _packs_upcast(self, weight: torch.Tensor) -> bool:
         """Whether float32 products, where they are used, read packed float32 copies: for
-        reduced-precision weights on the CPU unless ``pack_weights`` is off, where oneDNN
-        can pack float32 (``on`` refuses, naming why, where it cannot)."""
+        reduced-precision weights on the CPU where oneDNN can pack float32, with ``on``, or
+        with ``auto`` where the copies take at most half the available memory
+        (``float32_copies_fit``); ``on`` refuses, naming why, where oneDNN cannot."""
         setting = self.config.pack_weights
         if setting == "off" or self.loaded.device.type != "cpu":
             return False
         if weight.dtype == torch.float32:
             return False
         unsupported = packing_supported(torch.float32)
-        if unsupported is not None and setting == "on":
-            raise ValueError(
-                "NativeEngineConfig.pack_weights='on': this machine cannot pack the float32 "
-                f"copies of upcast products ({unsupported}); use 'auto' or 'off'"
-            )
-        return unsupported is None
+        if setting == "on":
+            if unsupported is not None:
+                raise ValueError(
+                    "NativeEngineConfig.pack_weights='on': this machine cannot pack the "
+                    f"float32 copies of upcast products ({unsupported}); use 'auto' or 'off'"
+                )
+            return True
+        return unsupported is None and float32_copies_fit(
+            self.loaded.weight_bytes, weight.dtype, available_memory_bytes()
+        )
 
     def _choose_packing(self, weight: torch.Tensor) -> bool:
         setting = self.config.pack_weights

@@ -8,9 +8,10 @@ rounded back to the activations' dtype). It takes the float32 weight one of two 
 
 - packed (``UpcastLinear(rows, packed=True)``): a float32 copy of each weight, made once at
   load and reordered into the blocked layout oneDNN's kernels read (``torch.ops.mkldnn``),
-  at the cost of twice the reduced-precision weights' memory. On a 2-core AVX2 CPU this
-  computed the model's projections at 8-64 rows 2-4x faster than converting blocks per step
-  and 1.4-2.3x faster than torch's float32 product on the same values.
+  at the cost of twice the reduced-precision weights' memory (``float32_copies_fit``). On
+  a 2-core AVX2 CPU this computed the model's projections at 8-64 rows 2-4x faster than
+  converting blocks per step and 1.4-2.3x faster than torch's float32 product on the same
+  values.
 - converted per step: the weight converted block by block, each block small enough to stay
   in cache (so the weight is still read once per step); no memory is added.
 
@@ -32,6 +33,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import torch
@@ -117,6 +119,29 @@ def upcast_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         part = weight[start : start + block].to(torch.float32)
         out[:, start : start + block] = F.linear(x32, part)
     return out
+
+
+def available_memory_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    """The memory the kernel says new allocations can take without swapping
+    (``MemAvailable``), or None where it does not say."""
+    try:
+        text = meminfo.read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return None
+
+
+def float32_copies_fit(weight_bytes: int, dtype: torch.dtype, available_bytes: int | None) -> bool:
+    """Whether float32 copies of ``weight_bytes`` of ``dtype`` weights take at most half of
+    ``available_bytes`` (unknown: assumed not), leaving the rest for the KV cache and
+    activations."""
+    if available_bytes is None:
+        return False
+    copies = weight_bytes * 4 // torch.empty((), dtype=dtype).element_size()
+    return 2 * copies <= available_bytes
 
 
 def pack_float32(weight: torch.Tensor) -> torch.Tensor:
