@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tokenpace.core.procfs import proc_field
+
 AUTO = "auto"
 PRECISIONS = ("float32", "bfloat16", "float16")
 DTYPE_CHOICES = (AUTO, *PRECISIONS)
@@ -20,14 +22,8 @@ _CPU_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 
 def cpu_has_native_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
     """True when the CPU advertises bfloat16 instructions (False where unknown)."""
-    try:
-        text = cpuinfo.read_text()
-    except OSError:
-        return False
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return bool(_CPU_BF16_FLAGS & set(line.split(":", 1)[-1].split()))
-    return False
+    flags = proc_field(cpuinfo, "flags")
+    return flags is not None and bool(_CPU_BF16_FLAGS & set(flags.split()))
 
 
 def resolve_dtype(dtype: str, device_type: str) -> str:

@@ -39,6 +39,8 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from tokenpace.core.procfs import proc_field
+
 Clock = Callable[[], float]
 # float32 bytes per converted block: small enough to stay in a core's L2 cache.
 _BLOCK_BYTES = 1 << 19
@@ -124,14 +126,8 @@ def upcast_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 def available_memory_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None:
     """The memory the kernel says new allocations can take without swapping
     (``MemAvailable``), or None where it does not say."""
-    try:
-        text = meminfo.read_text()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024
-    return None
+    value = proc_field(meminfo, "MemAvailable:")
+    return None if value is None else int(value.split()[0]) * 1024
 
 
 def float32_copies_fit(weight_bytes: int, dtype: torch.dtype, available_bytes: int | None) -> bool:
