@@ -21,9 +21,11 @@ SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "fidelity.py"
 def test_quick_run_reports_every_error_per_load(tmp_path: Path) -> None:
     done = subprocess.run(
         # Loose SLOs put the knee near the engine's ceiling, so the few requests of each load
-        # arrive seconds apart rather than a minute.
+        # arrive seconds apart rather than a minute; seed 8 draws three 20-token outputs (seed
+        # 0 drew two of 200, which took 20 s a load at a CPU's 100 ms a token).
         [sys.executable, str(SCRIPT), "--quick", "--engines", "native", "--requests", "3",
-         "--slo-ttft-ms", "30000", "--slo-tpot-ms", "2000", "--cache-dir", str(tmp_path)],
+         "--seed", "8", "--slo-ttft-ms", "30000", "--slo-tpot-ms", "2000",
+         "--cache-dir", str(tmp_path)],
         capture_output=True, text=True, timeout=900, env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
