@@ -17,6 +17,8 @@ from tokenpace.core.procfs import proc_field
 AUTO = "auto"
 PRECISIONS = ("float32", "bfloat16", "float16")
 DTYPE_CHOICES = (AUTO, *PRECISIONS)
+# Bytes of one element of each precision (weights, activations, KV cache).
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 _CPU_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 
 

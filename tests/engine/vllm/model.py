@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tokenpace.engine.dtype import resolve_dtype
+from tokenpace.engine.dtype import DTYPE_BYTES, resolve_dtype
 from tokenpace.engine.vllm.config import local_environment
 from tokenpace.engine.vllm.settings import ENV_POLICY
 
@@ -17,10 +17,9 @@ MODEL_DIR = BUILD / "native-cache" / "smollm2-135m-instruct"
 # The engines' precision: the project's rule for ``auto`` (bfloat16 where the CPU computes
 # it natively, else float32: a 512-token bfloat16 prefill took seconds on an AVX2 CPU).
 DTYPE = resolve_dtype("auto", "cpu")
-_ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # A small KV cache (about 48 blocks of 32 tokens in any precision) so a test can exhaust it
 # and see vLLM preempt under the policy's admissions.
-KV_CACHE_BYTES = 18 * 2**20 * _ELEMENT_BYTES[DTYPE]
+KV_CACHE_BYTES = 18 * 2**20 * DTYPE_BYTES[DTYPE]
 MAX_MODEL_LEN = 512
 
 

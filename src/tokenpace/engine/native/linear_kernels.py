@@ -136,7 +136,7 @@ def float32_copies_fit(weight_bytes: int, dtype: torch.dtype, available_bytes: i
     activations."""
     if available_bytes is None:
         return False
-    copies = weight_bytes * 4 // torch.empty((), dtype=dtype).element_size()
+    copies = weight_bytes * 4 // dtype.itemsize
     return 2 * copies <= available_bytes
 
 
@@ -144,16 +144,27 @@ def pack_float32(weight: torch.Tensor) -> torch.Tensor:
     """A float32 copy of ``weight`` (exact upcast) in oneDNN's blocked layout, for
     ``packed_upcast_linear``. Raises RuntimeError where oneDNN cannot pack float32 weights
     (see ``packing_supported``)."""
-    return PackedLinear().prepare(weight.to(torch.float32)).packed_or_raise()
+    return _onednn_reorder(weight.to(torch.float32))
 
 
 def packed_upcast_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     """``x @ weight.T`` computed in float32 from ``pack_float32(weight)`` (``x`` upcast
     exactly, float32 accumulation in oneDNN's order), the result in ``x.dtype``."""
+    return _onednn_linear(x.to(torch.float32), packed).to(x.dtype)
+
+
+def _onednn_reorder(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` reordered into oneDNN's blocked layout (RuntimeError where it cannot)."""
+    packed: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous())
+    return packed
+
+
+def _onednn_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    """``x @ weight.T`` by oneDNN from ``_onednn_reorder(weight)``, in their dtype."""
     out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
-        x.to(torch.float32).contiguous(), packed, None, "none", [], ""
+        x.contiguous(), packed, None, "none", [], ""
     )
-    return out.to(x.dtype)
+    return out
 
 
 def measure_upcast_min_rows(
@@ -196,14 +207,10 @@ class PackedLinear:
         return "packed"
 
     def prepare(self, weight: torch.Tensor) -> PreparedWeight:
-        packed: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous())
-        return PreparedWeight(weight, packed)
+        return PreparedWeight(weight, _onednn_reorder(weight))
 
     def __call__(self, x: torch.Tensor, prepared: PreparedWeight) -> torch.Tensor:
-        out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
-            x.contiguous(), prepared.packed_or_raise(), None, "none", [], ""
-        )
-        return out
+        return _onednn_linear(x, prepared.packed_or_raise())
 
 
 def packing_supported(dtype: torch.dtype) -> str | None:
