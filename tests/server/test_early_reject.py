@@ -17,12 +17,16 @@ REJECTED = "tokenpace:requests_rejected_early_total"
 
 
 @pytest.fixture(scope="module")
-def rejecting_server() -> Iterator[RunningServer]:
+def rejecting_server(native_profile: str) -> Iterator[RunningServer]:
     # A 1 ms objective: even a lone request's single prefill step (the ITL target, 95 ms)
     # misses it, so the policy predicts a miss for every request, on its own estimate.
-    # A small KV cache and B0 keep the engine's load and start-up calibration short.
+    # A small KV cache keeps the engine's load short.
     running = start_server(
-        scheduler="twp_slo", early_reject=True, slo_ttft_ms=1.0, b0=2, kv_cache_tokens=4096
+        scheduler="twp_slo",
+        early_reject=True,
+        slo_ttft_ms=1.0,
+        kv_cache_tokens=4096,
+        profile=native_profile,
     )
     yield running
     running.stop()

@@ -20,7 +20,7 @@ from tests.server.helpers import LONG, MODEL, metric, sse_payloads, stream_text,
 
 
 @pytest.fixture(scope="module")
-def migrating_server() -> Iterator[RunningServer]:
+def migrating_server(native_profile: str) -> Iterator[RunningServer]:
     # Two outstanding requests keep one container; a third wants a second one; a
     # container running more than one request gives one away to an idle container.
     running = start_server(
@@ -32,6 +32,7 @@ def migrating_server() -> Iterator[RunningServer]:
         # Long enough that container 1 is still warm when the third request comes (the
         # test holds either way: a cold one starts, comes up idle and takes a request).
         keep_alive_s=15.0,
+        profile=native_profile,
     )
     yield running
     running.stop()

@@ -27,15 +27,17 @@ BODY = {"model": MODEL, "prompt": "Hello", "max_tokens": 4, "temperature": 0}
 
 
 @pytest.fixture(scope="module")
-def pooled_server() -> Iterator[RunningServer]:
-    running = start_server(containers=2, warm_containers=2, keep_alive_s=3.0)
+def pooled_server(native_profile: str) -> Iterator[RunningServer]:
+    running = start_server(
+        containers=2, warm_containers=2, keep_alive_s=3.0, profile=native_profile
+    )
     yield running
     running.stop()
 
 
 @pytest.fixture(scope="module")
-def solo_server() -> Iterator[RunningServer]:
-    running = start_server()
+def solo_server(native_profile: str) -> Iterator[RunningServer]:
+    running = start_server(profile=native_profile)
     yield running
     running.stop()
 

@@ -46,8 +46,8 @@ def cluster() -> Iterator[Any]:
 
 
 @pytest.fixture(scope="module")
-def ray_server(cluster: Any) -> Iterator[RunningServer]:
-    running = start_ray_pool(cluster, containers=2, warm_containers=2)
+def ray_server(cluster: Any, native_profile: str) -> Iterator[RunningServer]:
+    running = start_ray_pool(cluster, containers=2, warm_containers=2, profile=native_profile)
     yield running
     running.stop()
 

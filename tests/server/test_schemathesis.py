@@ -20,8 +20,8 @@ MAX_EXAMPLES = 25
 
 
 @pytest.fixture(scope="module")
-def fuzz_server() -> Iterator[RunningServer]:
-    running = start_server(max_model_len=16, default_max_tokens=4)
+def fuzz_server(native_profile: str) -> Iterator[RunningServer]:
+    running = start_server(max_model_len=16, default_max_tokens=4, profile=native_profile)
     yield running
     running.stop()
 

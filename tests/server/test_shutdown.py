@@ -48,10 +48,16 @@ def alive(pid: int) -> bool:
     return True
 
 
-def test_sigterm_finishes_short_work_aborts_long_work_and_stops_engines() -> None:
+def test_sigterm_finishes_short_work_aborts_long_work_and_stops_engines(
+    native_profile: str,
+) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    process = start(port, "--shutdown-timeout-s", "3", "--uvicorn-log-level", "warning")
+    process = start(
+        port,
+        *("--dtype", "float32", "--profile", native_profile),
+        *("--shutdown-timeout-s", "3", "--uvicorn-log-level", "warning"),
+    )
     try:
         engine_pid = httpx.get(f"{url}/health").json()["containers"][0]["pid"]
         results: dict[str, object] = {}

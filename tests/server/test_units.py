@@ -86,6 +86,7 @@ def test_validation_errors_name_the_top_level_field(
         (["--ray-gpus-per-engine", "1"], "--ray-cpus-per-engine and --ray-gpus-per-engine need"),
         (["--router", "random"], "--router 'random' is not a valid choice; valid choices: "),
         (["--log-level", "debug"], "unrecognized arguments: --log-level"),
+        (["--profile", "missing.json"], "--profile: profile file 'missing.json' does not exist"),
     ],
 )
 def test_bad_serve_flags_exit_2_naming_the_flag(
@@ -208,3 +209,34 @@ def test_online_calibration_is_on_by_default_and_a_flag_turns_it_off(tmp_path: P
     assert worker_spec(on, tmp_path).online_calibration == OnlineCalibrationConfig()
     off = parse_config(ServeOptions, ["--no-online-calibration"], prog="t").config
     assert worker_spec(off, tmp_path).online_calibration is None
+
+
+def test_a_given_profile_replaces_calibration_and_must_match_the_precision(
+    tmp_path: Path,
+) -> None:
+    from dataclasses import replace
+
+    from tokenpace.engine.profile import load_profile
+    from tokenpace.server.main import worker_spec
+    from tokenpace.server.options import ServeOptions
+
+    (tmp_path / "config.json").write_text("{}")
+    assert worker_spec(ServeOptions(), tmp_path).profile is None
+    shipped = load_profile("v100-llama-3.2-3b")
+    spec = worker_spec(ServeOptions(profile="v100-llama-3.2-3b"), tmp_path)
+    assert spec.profile == shipped
+    measured = tmp_path / "measured.json"
+    measured.write_text(replace(shipped, dtype="bfloat16").to_json())
+    for dtype in ("bfloat16", "auto"):
+        given = worker_spec(ServeOptions(profile=str(measured), dtype=dtype), tmp_path).profile
+        assert given is not None and given.dtype == "bfloat16"
+    with pytest.raises(ValueError, match="measured in bfloat16, but --dtype is float32"):
+        worker_spec(ServeOptions(profile=str(measured), dtype="float32"), tmp_path)
+    with pytest.raises(ValueError, match=r"--profile: profile file .*missing.json' does not exist"):
+        worker_spec(ServeOptions(profile=str(tmp_path / "missing.json")), tmp_path)
+    with pytest.raises(ValueError, match="--profile: no profile named 'nosuch'; shipped: v100"):
+        worker_spec(ServeOptions(profile="nosuch"), tmp_path)
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"name": "x"}')
+    with pytest.raises(ValueError, match="--profile: profile is missing keys: "):
+        worker_spec(ServeOptions(profile=str(broken)), tmp_path)

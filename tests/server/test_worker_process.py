@@ -10,6 +10,7 @@ import pytest
 
 from tokenpace.core.request import FinishReason
 from tokenpace.core.sampling import SamplingParams
+from tokenpace.engine.profile import load_profile
 from tokenpace.server.worker.wire import (
     Abort,
     Calibration,
@@ -24,16 +25,18 @@ from tokenpace.server.worker_handle import WorkerGone
 from tokenpace.server.worker_process import WorkerProcess
 
 
-def native_spec() -> WorkerSpec:
+def native_spec(profile: str) -> WorkerSpec:
+    """A float32 engine that takes the suite's measured ``profile`` (no calibration)."""
     from tokenpace.engine.native import NativeEngineConfig
 
     config = NativeEngineConfig(dtype="float32", kv_cache_tokens=4096, max_model_len=512)
-    return WorkerSpec("native", config, "twp", Calibration("test", 8, 16.0, 512))
+    calibration = Calibration("test", 8, 16.0, 512)
+    return WorkerSpec("native", config, "twp", calibration, profile=load_profile(profile))
 
 
 @pytest.fixture()
-def worker() -> Iterator[WorkerProcess]:
-    process = WorkerProcess.start(native_spec(), "tokenpace-engine-test")
+def worker(native_profile: str) -> Iterator[WorkerProcess]:
+    process = WorkerProcess.start(native_spec(native_profile), "tokenpace-engine-test")
     yield process
     process.stop(5.0)
 
@@ -54,10 +57,13 @@ def collect(worker: WorkerProcess, until: int, timeout_s: float = 60.0) -> list[
     return messages
 
 
-def test_tokens_admissions_finishes_and_aborts_cross_the_pipe(worker: WorkerProcess) -> None:
+def test_tokens_admissions_finishes_and_aborts_cross_the_pipe(
+    worker: WorkerProcess, native_profile: str
+) -> None:
     ready = worker.wait_ready(lambda: False)
     assert ready.pid == worker.pid and ready.kv_capacity_tokens == 4096
-    assert ready.profile.l_min_ms > 0 and ready.profile.b0 == 8
+    # The given profile is the policy's: the worker measured none of its own.
+    assert ready.profile == load_profile(native_profile)
     worker.send(Submit((item(1, 5), item(2, 400))))
     messages = collect(worker, until=1)
     reports = [m for m in messages if isinstance(m, Report)]

@@ -14,6 +14,8 @@ from fastapi import FastAPI
 
 from tokenpace.core.cache import default_cache_dir
 from tokenpace.core.registry import UnknownNameError
+from tokenpace.engine.dtype import AUTO
+from tokenpace.engine.profile import EngineProfile, load_profile
 from tokenpace.metrics.slo import Slo
 from tokenpace.policy import POLICIES
 from tokenpace.pool.autoscaler import Autoscaler
@@ -72,8 +74,27 @@ def check_names(options: ServeOptions) -> None:
         )
 
 
+def given_profile(options: ServeOptions) -> EngineProfile | None:
+    """The profile ``--profile`` names (None when not given). Raises ValueError naming the
+    flag when it names no shipped profile or readable profile file, or when the profile
+    was measured in a precision other than an explicit ``--dtype``."""
+    if options.profile is None:
+        return None
+    try:
+        profile = load_profile(options.profile)
+    except (OSError, ValueError) as error:
+        raise ValueError(f"--profile: {error}") from None
+    if options.dtype != AUTO and profile.dtype and profile.dtype != options.dtype:
+        raise ValueError(
+            f"--profile {options.profile!r} was measured in {profile.dtype}, but --dtype is "
+            f"{options.dtype}: its step latencies do not hold for the engine"
+        )
+    return profile
+
+
 def worker_spec(options: ServeOptions, checkpoint_dir: Path) -> WorkerSpec:
-    """What each container's worker process builds its engine from."""
+    """What each container's worker process builds its engine from: with ``--profile``,
+    the policy's profile is that one and no engine measures its own at start."""
     cache_dir = options.cache_dir if options.cache_dir is not None else default_cache_dir()
     return WorkerSpec(
         engine=options.engine,
@@ -85,6 +106,7 @@ def worker_spec(options: ServeOptions, checkpoint_dir: Path) -> WorkerSpec:
         build_dir=cache_dir / f"{options.engine}-runtime",
         slo=Slo(options.slo_ttft_ms, options.slo_tpot_ms),
         online_calibration=OnlineCalibrationConfig() if options.online_calibration else None,
+        profile=given_profile(options),
     )
 
 
@@ -127,13 +149,15 @@ def build_server(
     sampled requests that carry no seed (default: fresh entropy). Raises EngineStartError
     when the first engine fails to start."""
     check_names(options)
+    given_profile(options)  # a bad --profile fails before the checkpoint is converted
     checkpoint_dir = prepare_checkpoint(options)
+    spec = worker_spec(options, checkpoint_dir)
     tokenizer = load_tokenizer(options.tokenizer or checkpoint_dir)
     metrics = ServerMetrics(options.model_name)
     admission = AdmissionQueue(QueueBounds(options.max_queued_requests, options.max_queued_tokens))
     launch, release = worker_launcher(options, clock)
     deps = ContainerDeps(
-        spec=worker_spec(options, checkpoint_dir),
+        spec=spec,
         clock=clock,
         metrics=metrics,
         admission=admission,

@@ -118,6 +118,13 @@ class ServeOptions:
         "vLLM's seed (default: fresh entropy; vLLM 0).",
     )
     b0: int = option(8, "Saturation batch size B0 given to the policy's profile.")
+    profile: str | None = option(
+        None,
+        "An engine profile for the policy instead of the one each engine measures at start: "
+        "a shipped profile's name or a JSON file (as 'tokenpace profile' writes). It must "
+        "have been measured in the precision the engine runs in; with --dtype auto the "
+        "native engine loads the profile's precision.",
+    )
     online_calibration: bool = option(
         True,
         "Refit each engine's profile (l_min, alpha, prefill cost) from the steps it serves "

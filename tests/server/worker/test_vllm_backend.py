@@ -85,6 +85,8 @@ def test_profile_is_measured_at_start_and_sized_to_the_cache(backend: Any) -> No
     assert profile.r2 is not None and profile.r2 <= 1.0
     assert profile.l_min_ms > 0 and profile.prefill_ms_per_token > 0
     assert "measured at start" in profile.notes["source"] and profile.alpha_ms >= 0
+    # It records the precision it holds for, which a later --profile must match.
+    assert profile.dtype == backend.dtype_choice.dtype
     load = backend.load_state()
     assert profile.num_gpu_blocks == load.num_total_blocks
     assert backend.kv_capacity_tokens == load.num_total_blocks * profile.block_size

@@ -279,22 +279,30 @@ class VllmBackend:
 def build_vllm(spec: WorkerSpec, clock: Clock) -> VllmBackend:
     """Start vLLM from ``spec.engine_config`` (a ``VllmEngineConfig``) with caches under
     ``spec.build_dir`` (a temporary folder when None), measure its profile unless
-    ``spec.profile`` carries one, and put policy ``spec.policy`` in charge."""
+    ``spec.profile`` carries one, and put policy ``spec.policy`` in charge. Raises
+    ValueError when the given profile was measured in another precision than vLLM's."""
     from tokenpace.engine.vllm.scheduler import scheduler_of
 
     config = spec.engine_config
     if not isinstance(config, VllmEngineConfig):
         raise TypeError(f"the vllm engine needs a VllmEngineConfig, got {type(config)}")
+    given = spec.profile
+    if given is not None and given.dtype and given.dtype != config.resolved_dtype:
+        raise ValueError(
+            f"the profile {given.name!r} was measured in {given.dtype}; vLLM runs in "
+            f"{config.resolved_dtype} here, where its step latencies do not hold"
+        )
     build_dir = spec.build_dir or Path(tempfile.gettempdir()) / "tokenpace-vllm"
     llm = start_engine(config, build_dir)
     scheduler = scheduler_of(llm)
     scheduler.clock = clock
-    profile = spec.profile
-    if profile is None:
-        profile = measure_profile(VllmProbe(llm), spec.calibration)
-    scheduler.use_policy(policy_for(llm, spec.policy, profile, spec.slo))
     # vLLM starts too slowly to load twice: auto follows the hardware rule (engine.dtype).
     choice = DtypeChoice(config.resolved_dtype, spec.calibration.b0)
+    profile = spec.profile
+    if profile is None:
+        measured = measure_profile(VllmProbe(llm), spec.calibration)
+        profile = replace(measured, dtype=choice.dtype)
+    scheduler.use_policy(policy_for(llm, spec.policy, profile, spec.slo))
     return VllmBackend(llm, profile, clock, choice, spec.online_calibration)
 
 
