@@ -3,12 +3,13 @@ and the figures."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tokenpace.bench.matrix import CellSpec, MatrixConfig, cells, run_matrix
+from tokenpace.bench.matrix import CellResult, CellSpec, MatrixConfig, cells, run_matrix
 from tokenpace.bench.plots import goodput_vs_load, render_figures
 from tokenpace.bench.report import render_report
 from tokenpace.bench.results_files import write_requests_csv, write_results_json
@@ -81,15 +82,41 @@ def run_bench(
     }  # fmt: skip
     write_results_json(out_dir / "results.json", config_doc, runs, summary, capacity)
     write_requests_csv(out_dir / "requests.csv", results)
-    figures: list[str] = []
     detailed = [w.name for p in parts if p.per_workload_figures for w in p.workloads]
-    for workload in dict.fromkeys(detailed):
-        figures += render_figures(results, summary, workload, out_dir)
+    figures = render_workload_figures(
+        results, summary, list(dict.fromkeys(detailed)), out_dir, workers
+    )
     curve = goodput_vs_load(summary, out_dir)
     if curve:
         figures.append(curve)
     (out_dir / "report.md").write_text(render_report(document, figures, notes))
     return BenchOutcome(document, out_dir, figures)
+
+
+def render_workload_figures(
+    results: Sequence[CellResult],
+    summary: Sequence[Mapping[str, Any]],
+    workloads: Sequence[str],
+    out_dir: Path,
+    workers: int,
+) -> list[str]:
+    """Every figure of each of ``workloads`` (``plots.render_figures``), their names in
+    workload order. With more than one worker the workloads render in that many worker
+    processes, each sent only its workload's detail runs (matplotlib's text layout is most
+    of a simulator run's wall time otherwise)."""
+    if workers <= 1 or len(workloads) <= 1:
+        return [name for w in workloads for name in render_figures(results, summary, w, out_dir)]
+    with ProcessPoolExecutor(max_workers=min(workers, len(workloads))) as pool:
+        futures = [
+            pool.submit(render_figures, _detail_of(results, w), summary, w, out_dir)
+            for w in workloads
+        ]
+        return [name for future in futures for name in future.result()]
+
+
+def _detail_of(results: Sequence[CellResult], workload: str) -> list[CellResult]:
+    """The runs of ``workload`` that kept their step records (what its figures draw)."""
+    return [r for r in results if r.steps and r.run["workload"] == workload]
 
 
 def num_cells(parts: Sequence[MatrixConfig]) -> int:
