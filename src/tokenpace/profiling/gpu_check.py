@@ -92,7 +92,7 @@ def dry_run_config() -> GpuCheckConfig:
             warmup_steps=1,
             repeats=1,
         ),
-        max_requests=12,
+        max_requests=6,
     )
 
 
