@@ -179,3 +179,23 @@ def test_online_calibration_refits_the_profile_twp_plans_from(backend: Any) -> N
     assert policy.config.l_min_ms == live.l_min_ms == backend.live_profile.l_min_ms
     # Within a factor of the start-up measurement: the same engine on the same machine.
     assert 0.25 < live.l_min_ms / backend.profile.l_min_ms < 4
+
+
+def test_a_profile_of_another_precision_is_refused_before_vllm_starts() -> None:
+    pytest.importorskip("vllm", reason="needs the vllm extra (scripts/setup.sh vllm)")
+    from dataclasses import replace
+
+    from tokenpace.engine.profile import load_profile
+    from tokenpace.server.worker.vllm_backend import build_vllm
+
+    config = VllmEngineConfig(model=str(BUILD / "no-model-needed"), max_model_len=MAX_MODEL_LEN)
+    other = "bfloat16" if config.resolved_dtype == "float32" else "float32"
+    spec = WorkerSpec(
+        engine="vllm",
+        engine_config=config,
+        policy="twp",
+        calibration=Calibration("m", 8, 16.0, MAX_MODEL_LEN),
+        profile=replace(load_profile("v100-llama-3.2-3b"), dtype=other),
+    )
+    with pytest.raises(ValueError, match=f"measured in {other}; vLLM runs in "):
+        build_vllm(spec, time.perf_counter)
