@@ -13,7 +13,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -99,29 +99,28 @@ def start_server(**overrides: object) -> RunningServer:
 @pytest.fixture(scope="session")
 def native_profile(tmp_path_factory: pytest.TempPathFactory) -> str:
     """The path of a float32 profile of the embedded model on this machine, measured once
-    for the suite by the start-up calibration sweep (in this process). Test servers that do
+    for the suite by the start-up calibration sweep, as a worker builds its backend (in this
+    process). Test servers that do
     not test that calibration take it (``--profile``) instead of each engine measuring its
     own: about 9 s of a 2-core machine per engine start."""
     if _MISSING:
         pytest.skip(SKIP_REASON)
-    from tokenpace.engine.native import NativeEngine
-    from tokenpace.engine.native.probe import NativeProbe
-    from tokenpace.server.engines import native_config
+    from tokenpace.server.engines import prepare_checkpoint
+    from tokenpace.server.main import worker_spec
     from tokenpace.server.options import ServeOptions
-    from tokenpace.server.worker.profile import measure_profile
-    from tokenpace.server.worker.wire import Calibration
+    from tokenpace.server.worker.main import build_backend
 
-    # A KV cache just large enough for the sweep; the profile's latencies do not depend on it.
+    # A worker's engine as start_server's float32 servers build it, with a KV cache just
+    # large enough for the sweep (the profile's latencies do not depend on it).
     options = ServeOptions(dtype="float32", kv_cache_tokens=4096)
     try:
-        engine = NativeEngine.load(native_config(options))
+        backend = build_backend(
+            worker_spec(options, prepare_checkpoint(options)), time.perf_counter
+        )
     except FileNotFoundError as error:
         pytest.skip(f"the embedded model is not available: {error}")
-    calibration = Calibration(
-        options.model_name, options.b0, options.mean_output_tokens, options.max_model_len
-    )
-    # As a worker records it: the precision the profile holds for.
-    profile = replace(measure_profile(NativeProbe(engine), calibration), dtype="float32")
+    profile = backend.profile
+    backend.shutdown()
     path = tmp_path_factory.mktemp("profile") / "smollm2-float32.json"
     path.write_text(profile.to_json())
     return str(path)

@@ -24,8 +24,13 @@ def _save(fig: Any, path: Path) -> str:
     return path.name
 
 
+def detail_runs(results: Sequence[CellResult], workload: str) -> list[CellResult]:
+    """The runs of ``workload`` that kept their step records: what its figures draw."""
+    return [r for r in results if r.steps and r.run["workload"] == workload]
+
+
 def _detail(results: Sequence[CellResult], workload: str) -> dict[str, CellResult]:
-    return {r.run["scheduler"]: r for r in results if r.steps and r.run["workload"] == workload}
+    return {r.run["scheduler"]: r for r in detail_runs(results, workload)}
 
 
 def ttft_per_request(results: Sequence[CellResult], workload: str, out: Path) -> str:

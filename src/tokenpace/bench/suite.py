@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenpace.bench.matrix import CellResult, CellSpec, MatrixConfig, cells, run_matrix
-from tokenpace.bench.plots import goodput_vs_load, render_figures
+from tokenpace.bench.plots import detail_runs, goodput_vs_load, render_figures
 from tokenpace.bench.report import render_report
 from tokenpace.bench.results_files import write_requests_csv, write_results_json
 from tokenpace.metrics.aggregate import summarize
@@ -108,15 +108,10 @@ def render_workload_figures(
         return [name for w in workloads for name in render_figures(results, summary, w, out_dir)]
     with ProcessPoolExecutor(max_workers=min(workers, len(workloads))) as pool:
         futures = [
-            pool.submit(render_figures, _detail_of(results, w), summary, w, out_dir)
+            pool.submit(render_figures, detail_runs(results, w), summary, w, out_dir)
             for w in workloads
         ]
         return [name for future in futures for name in future.result()]
-
-
-def _detail_of(results: Sequence[CellResult], workload: str) -> list[CellResult]:
-    """The runs of ``workload`` that kept their step records (what its figures draw)."""
-    return [r for r in results if r.steps and r.run["workload"] == workload]
 
 
 def num_cells(parts: Sequence[MatrixConfig]) -> int:

@@ -284,8 +284,7 @@ def build_native(spec: WorkerSpec, clock: Clock) -> StepLoopBackend:
     engine, choice = _load_engine(config, spec, clock)
     profile = spec.profile
     if profile is None:
-        measured = measure_profile(NativeProbe(engine), spec.calibration)
-        profile = replace(measured, dtype=choice.dtype)
+        profile = measure_profile(NativeProbe(engine), spec.calibration, choice.dtype)
     policy = build_policy(spec.policy, profile, spec.slo)
     return StepLoopBackend(engine, profile, policy, clock, choice, spec.online_calibration)
 

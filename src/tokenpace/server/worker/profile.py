@@ -9,6 +9,8 @@ the configured B0.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.profiling.probe import EngineFacts, KvFacts, TimingProbe
 from tokenpace.profiling.run import fit_profile
@@ -44,10 +46,11 @@ def calibration_sweep(calibration: Calibration, kv: KvFacts) -> SweepConfig:
     )
 
 
-def measure_profile(probe: TimingProbe, calibration: Calibration) -> EngineProfile:
+def measure_profile(probe: TimingProbe, calibration: Calibration, dtype: str = "") -> EngineProfile:
     """Run ``calibration_sweep`` on ``probe`` and fit it (``profiling.run.fit_profile``)
     with the knee at ``calibration.b0``; the profile takes the calibration's name and mean
-    output length. The engine holds no request afterwards."""
+    output length, and records ``dtype``, the precision the engine runs in (its latencies
+    hold for that one only). The engine holds no request afterwards."""
     sweep = run_sweep(probe, calibration_sweep(calibration, probe.kv))
     source = f"measured at start on {probe.description}: the calibration sweep"
     profile, _, _ = fit_profile(
@@ -57,4 +60,4 @@ def measure_profile(probe: TimingProbe, calibration: Calibration) -> EngineProfi
         b0=calibration.b0,
         mean_output_tokens=calibration.mean_output_tokens,
     )
-    return profile
+    return replace(profile, dtype=dtype)

@@ -300,8 +300,7 @@ def build_vllm(spec: WorkerSpec, clock: Clock) -> VllmBackend:
     choice = DtypeChoice(config.resolved_dtype, spec.calibration.b0)
     profile = spec.profile
     if profile is None:
-        measured = measure_profile(VllmProbe(llm), spec.calibration)
-        profile = replace(measured, dtype=choice.dtype)
+        profile = measure_profile(VllmProbe(llm), spec.calibration, choice.dtype)
     scheduler.use_policy(policy_for(llm, spec.policy, profile, spec.slo))
     return VllmBackend(llm, profile, clock, choice, spec.online_calibration)
 
