@@ -8,6 +8,14 @@ from typing import Any
 
 TWP_NAMES = ("twp", "twp_slo")
 
+
+def is_baseline(scheduler: str) -> bool:
+    """Whether ``scheduler`` is a baseline: not TWP, not twp_slo, and not one of their
+    variants (ablations and opt-ins are named ``<policy>-<change>``, such as
+    ``twp_slo-no_pool_signal``), which are the same policy with a part switched."""
+    return not any(scheduler == name or scheduler.startswith(f"{name}-") for name in TWP_NAMES)
+
+
 # (label, metric path, unit, higher is better)
 TABLE_COLUMNS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
     ("Throughput (req/s)", ("throughput_rps",), True),
@@ -80,12 +88,12 @@ def comparison_table(summary: Sequence[Mapping[str, Any]], workload: str) -> str
 
 
 def twp_versus_baselines(summary: Sequence[Mapping[str, Any]], workload: str) -> list[str]:
-    """For each metric: TWP's mean, the best baseline's, their ratio, and every baseline
-    that does better than TWP (stated plainly)."""
+    """For each metric: TWP's mean, the best baseline's (``is_baseline``), their ratio, and
+    every baseline that does better than TWP (stated plainly)."""
     rows = {e["scheduler"]: e for e in summary if e["workload"] == workload}
     lines: list[str] = []
     for twp in (n for n in TWP_NAMES if n in rows):
-        baselines = {n: e for n, e in rows.items() if n not in TWP_NAMES}
+        baselines = {n: e for n, e in rows.items() if is_baseline(n)}
         if not baselines:
             continue
         for label, path, higher in TABLE_COLUMNS:

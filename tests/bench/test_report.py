@@ -1,0 +1,41 @@
+"""The report's comparison of TWP against the baselines."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tokenpace.bench.report import TABLE_COLUMNS, is_baseline, twp_versus_baselines
+
+
+def _entry(scheduler: str, value: float) -> dict[str, Any]:
+    entry: dict[str, Any] = {"scheduler": scheduler, "workload": "high"}
+    for _, path, _ in TABLE_COLUMNS:
+        node = entry
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = {"mean": value, "ci95": 0.0}
+    return entry
+
+
+def test_variants_of_twp_and_twp_slo_are_not_baselines() -> None:
+    assert not is_baseline("twp_slo")
+    assert not is_baseline("twp_slo-no_pool_signal")
+    assert not is_baseline("twp_slo-early_reject")
+    assert not is_baseline("twp")
+    for name in ("vllm_default", "sarathi", "sla_batch", "round_robin", "fcfs"):
+        assert is_baseline(name)
+
+
+def test_the_best_baseline_is_never_an_ablation() -> None:
+    # The ablation beats twp_slo and vllm_default on every metric where higher is better;
+    # the comparison must still name vllm_default as the best baseline.
+    summary = [
+        _entry("twp_slo", 2.0),
+        _entry("twp_slo-no_pool_signal", 5.0),
+        _entry("vllm_default", 1.0),
+    ]
+    lines = twp_versus_baselines(summary, "high")
+    goodput = next(line for line in lines if line.startswith("- Goodput"))
+    assert "best baseline vllm_default 1" in goodput
+    assert "better than every baseline" in goodput
+    assert not any("twp_slo-no_pool_signal" in line for line in lines)
