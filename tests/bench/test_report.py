@@ -39,3 +39,23 @@ def test_the_best_baseline_is_never_an_ablation() -> None:
     assert "best baseline vllm_default 1" in goodput
     assert "better than every baseline" in goodput
     assert not any("twp_slo-no_pool_signal" in line for line in lines)
+
+
+def test_ties_are_stated_and_pool_counters_compared() -> None:
+    summary = [_entry("twp_slo", 2.0), _entry("vllm_default", 1.0), _entry("sarathi", 3.0)]
+    for entry, seconds, preemptions in zip(
+        summary, (90.0, 100.0, 95.0), (0.0, 0.0, 4.0), strict=True
+    ):
+        entry["container_seconds"] = {"mean": seconds, "ci95": 0.0}
+        entry["num_preemptions"] = {"mean": preemptions, "ci95": 0.0}
+    lines = twp_versus_baselines(summary, "high")
+    preempted = next(line for line in lines if line.startswith("- Preemptions"))
+    assert "(ratio n/a)" in preempted
+    assert "tied with vllm_default, better than the other baselines" in preempted
+    billed = next(line for line in lines if line.startswith("- Container-seconds"))
+    assert "best baseline sarathi 95" in billed
+    assert "better than every baseline" in billed
+    summary[2]["num_preemptions"] = {"mean": 0.0, "ci95": 0.0}
+    lines = twp_versus_baselines(summary, "high")
+    preempted = next(line for line in lines if line.startswith("- Preemptions"))
+    assert "tied with every baseline" in preempted

@@ -88,15 +88,19 @@ def comparison_table(summary: Sequence[Mapping[str, Any]], workload: str) -> str
 
 
 def twp_versus_baselines(summary: Sequence[Mapping[str, Any]], workload: str) -> list[str]:
-    """For each metric: TWP's mean, the best baseline's (``is_baseline``), their ratio, and
-    every baseline that does better than TWP (stated plainly)."""
+    """For each metric of the table (the pool's counters included where every run reports
+    them): TWP's mean, the best baseline's (``is_baseline``), their ratio (n/a when the
+    best is 0), and every baseline that does better than TWP or as well (stated plainly)."""
     rows = {e["scheduler"]: e for e in summary if e["workload"] == workload}
+    columns = TABLE_COLUMNS + tuple(
+        c for c in COUNTER_COLUMNS if rows and all(c[1][0] in e for e in rows.values())
+    )
     lines: list[str] = []
     for twp in (n for n in TWP_NAMES if n in rows):
         baselines = {n: e for n, e in rows.items() if is_baseline(n)}
         if not baselines:
             continue
-        for label, path, higher in TABLE_COLUMNS:
+        for label, path, higher in columns:
             ours = metric(rows[twp], path)["mean"]
             values = {n: metric(e, path)["mean"] for n, e in baselines.items()}
             values = {n: v for n, v in values.items() if v is not None and not math.isnan(v)}
@@ -104,16 +108,20 @@ def twp_versus_baselines(summary: Sequence[Mapping[str, Any]], workload: str) ->
                 continue
             pick = max if higher else min
             best = pick(values, key=lambda n: values[n])
-            ratio = ours / values[best] if values[best] else float("nan")
+            ratio = f"{ours / values[best]:.3f}" if values[best] else "n/a"
             beaten_by = sorted(n for n, v in values.items() if (v > ours if higher else v < ours))
-            verdict = (
-                "better than every baseline"
-                if not beaten_by
-                else f"**not better than** {', '.join(beaten_by)}"
-            )
+            tied = sorted(n for n, v in values.items() if v == ours)
+            if beaten_by:
+                verdict = f"**not better than** {', '.join(beaten_by)}"
+            elif len(tied) == len(values):
+                verdict = "tied with every baseline"
+            elif tied:
+                verdict = f"tied with {', '.join(tied)}, better than the other baselines"
+            else:
+                verdict = "better than every baseline"
             lines.append(
                 f"- {label}: {twp} {ours:.4g} vs best baseline {best} {values[best]:.4g} "
-                f"(ratio {ratio:.3f}); {verdict}."
+                f"(ratio {ratio}); {verdict}."
             )
     return lines
 
