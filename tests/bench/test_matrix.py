@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tokenpace.bench.matrix import MatrixConfig
+from tokenpace.bench.matrix import MatrixConfig, run_matrix
 from tokenpace.bench.suite import run_bench
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.metrics.slo import Slo
@@ -92,3 +92,24 @@ def test_a_part_sizing_the_engine_cache_must_agree_with_its_profile(
     assert replace(part, kv_cache_tokens=tokens).kv_cache_tokens == tokens
     with pytest.raises(ValueError, match="kv_cache_tokens must equal the profile's KV capacity"):
         replace(part, kv_cache_tokens=tokens // 2)
+
+
+def test_policy_slo_paces_the_policy_and_the_runs_are_judged_by_slo(
+    paper_profile: EngineProfile,
+) -> None:
+    # 18 req/s overloads one server: twp_slo paces to its TPOT objective, so the TPOT it
+    # is given sets its steps, while goodput is judged by the part's own SLO.
+    part = MatrixConfig(
+        schedulers=("twp_slo",),
+        workloads=(PoissonWorkload(rate_per_s=18, duration_s=4, max_requests=60),),
+        seeds=(0,),
+        profile=paper_profile,
+        slo=Slo(),
+    )
+    loose = replace(part, policy_slo=Slo(ttft_ms=2000.0, tpot_ms=200.0))
+    paced, relaxed = (result.run for result in run_matrix([part, loose], workers=1))
+    assert paced["itl_ms"]["p99"] <= 100.0 < relaxed["itl_ms"]["p99"]
+    assert relaxed["itl_ms"]["p99"] <= 200.0
+    # Judged against the part's 100 ms TPOT, which the relaxed run's slowest requests miss.
+    assert relaxed["tpot_ms"]["p99"] > 100.0
+    assert relaxed["slo_attainment"] < paced["slo_attainment"]

@@ -47,6 +47,10 @@ class MatrixConfig:
     # A real engine's KV cache for this part's runs (tokens); None: the engine's own size.
     # The simulators read the profile's cache, so when set the two must agree.
     kv_cache_tokens: int | None = None
+    # The objectives the policies and the pool's autoscaler are given; None: ``slo``, which
+    # the runs are always judged by (goodput, attainment). Set to pace a policy to other
+    # objectives than the ones it is measured against (``bench/itl_frontier.py``).
+    policy_slo: Slo | None = None
 
     def __post_init__(self) -> None:
         if self.kv_cache_tokens is not None and (
@@ -91,7 +95,7 @@ def _run_cell(cell: CellSpec, runner: Runner) -> CellResult:
             specs=specs,
             profile=part.profile,
             rng=np.random.default_rng([cell.seed, 1]),
-            slo=part.slo,
+            slo=part.policy_slo if part.policy_slo is not None else part.slo,
             pool=part.pool,
             router=part.router,
             record_steps=cell.keep_detail,

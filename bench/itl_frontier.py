@@ -1,0 +1,217 @@
+"""What holding the ITL under the TPOT objective costs and buys: twp_slo paced to a range of
+TPOT objectives, judged against the benchmark's own, beside every pool baseline.
+
+twp_slo sizes its window and each step's prefill from the TPOT objective it is given (its ITL
+target is a fraction of it). Here it is given ``--fractions`` times the benchmark's TPOT
+objective (1.0 is ``twp_slo`` as the bench runs it), while every run is judged by the
+benchmark's objectives (``MatrixConfig.policy_slo``). The workloads are the benchmark's pool
+scenarios (``--workloads``, at their load factors of the measured knee, capacity cached as
+``tokenpace bench`` caches it), over ``--seeds`` seeds; the baselines run as the bench runs
+them (``POOL_SCHEDULERS`` without TWP).
+
+Reported per workload and fraction: twp_slo's goodput, throughput (tokens/s), p99 ITL, mean
+QoE, p99 TTFT and container-seconds, each with its ratio to the best baseline on that metric,
+and which of issue 11's goals for a loaded scenario the run meets (goodput >= 1.3x, throughput
+>= 0.97x, p99 ITL within the TPOT objective and <= 0.8x the best, mean QoE >= the best,
+container-seconds <= the best). A goal that no fraction meets together with the others shows
+the trade-off is the profile's, not the pacing target's. Prints one JSON object on its last
+line.
+
+Example: ``python bench/itl_frontier.py --seeds 10``
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from tokenpace.bench.capacity import measure_capacities
+from tokenpace.bench.matrix import MatrixConfig, cells, run_matrix
+from tokenpace.bench.presets import POOL_SCHEDULERS, PlanOptions, capacity_jobs, scenario_parts
+from tokenpace.cli.command import run_command
+from tokenpace.cli.spec import UsageError
+from tokenpace.core.cache import default_cache_dir
+from tokenpace.core.config import option, require_positive
+from tokenpace.engine.profile import load_profile
+from tokenpace.metrics.aggregate import metric_rows, summarize
+from tokenpace.metrics.slo import Slo
+from tokenpace.pool.config import PoolConfig
+from tokenpace.workload.scenarios import SCENARIO_NAMES, ScenarioConfig
+
+BASELINES = tuple(n for n in POOL_SCHEDULERS if n not in ("twp", "twp_slo"))
+# (name, metric path, higher is better)
+METRICS = (
+    ("goodput_rps", ("goodput_rps",), True),
+    ("throughput_tok_s", ("throughput_tok_s",), True),
+    ("itl_p99_ms", ("itl_ms", "p99"), False),
+    ("qoe_mean", ("qoe_mean",), True),
+    ("ttft_p99_ms", ("ttft_ms", "p99"), False),
+    ("container_seconds", ("container_seconds",), False),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """The flags of ``bench/itl_frontier.py``."""
+
+    seeds: int = option(5, "Seeds per cell.")
+    workers: int = option(2, "Worker processes.")
+    fractions: str = option(
+        "0.8,1.0,1.25,1.5,2.0",
+        "Comma-separated multiples of the benchmark's TPOT objective twp_slo is paced to.",
+    )
+    workloads: str = option(
+        "high,burst,kv_pressure,prefill_heavy", "Comma-separated pool scenarios."
+    )
+    scenario_duration: float = option(20.0, "Arrival window of each scenario run (s).")
+
+    def __post_init__(self) -> None:
+        require_positive(self, "seeds", "workers", "scenario_duration")
+
+
+def parse_fractions(text: str) -> tuple[float, ...]:
+    """``--fractions`` as positive floats, in the order given; UsageError naming the flag
+    for anything else."""
+    try:
+        values = tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise UsageError(f"--fractions: not a comma-separated list of numbers: {text!r}") from None
+    if not values or not all(value > 0 for value in values):
+        raise UsageError(f"--fractions: every multiple must be positive, got {text!r}")
+    return values
+
+
+def parse_workloads(text: str) -> tuple[str, ...]:
+    """``--workloads`` as scenario names; UsageError naming the flag for an unknown one."""
+    names = tuple(part.strip() for part in text.split(","))
+    unknown = [name for name in names if name not in SCENARIO_NAMES]
+    if unknown:
+        raise UsageError(
+            f"--workloads: unknown scenario {', '.join(unknown)}; "
+            f"valid choices: {', '.join(SCENARIO_NAMES)}"
+        )
+    return names
+
+
+def pace_label(fraction: float) -> str:
+    """The results' name of twp_slo paced to ``fraction`` times the TPOT objective."""
+    return f"twp_slo@{fraction:g}"
+
+
+def frontier_parts(
+    options: PlanOptions, workloads: tuple[str, ...], fractions: tuple[float, ...]
+) -> list[MatrixConfig]:
+    """The scenario parts of ``tokenpace bench`` cut to ``workloads``: one part of the
+    baselines, and one of twp_slo per fraction, paced to that multiple of the TPOT objective
+    (the same TTFT objective) and judged by the benchmark's."""
+    knees = measure_capacities(capacity_jobs(options, False, True), options.cache_dir)
+    slo = options.slo
+    parts = []
+    for part in scenario_parts(options, knees):
+        chosen = tuple(w for w in part.workloads if w.name in workloads)
+        if not chosen:
+            continue
+        base = replace(part, workloads=chosen, per_workload_figures=False)
+        parts.append(replace(base, schedulers=BASELINES))
+        for fraction in fractions:
+            paced = Slo(ttft_ms=slo.ttft_ms, tpot_ms=fraction * (slo.tpot_ms or 0.0))
+            parts.append(replace(base, schedulers=("twp_slo",), policy_slo=paced))
+    return parts
+
+
+def label_of(part: MatrixConfig, scheduler: str, tpot_ms: float) -> str:
+    """A run's name in the frontier: the scheduler, or twp_slo with its pacing multiple."""
+    if part.policy_slo is None:
+        return scheduler
+    return pace_label((part.policy_slo.tpot_ms or 0.0) / tpot_ms)
+
+
+def goals_met(
+    ours: Mapping[str, float], best: Mapping[str, float], tpot_ms: float
+) -> dict[str, bool]:
+    """Issue 11's goals for a loaded scenario, from twp_slo's means and the best baseline's
+    per metric."""
+    return {
+        "goodput_1.3x": ours["goodput_rps"] >= 1.3 * best["goodput_rps"],
+        "throughput_0.97x": ours["throughput_tok_s"] >= 0.97 * best["throughput_tok_s"],
+        "itl_p99_within_tpot": ours["itl_p99_ms"] <= tpot_ms,
+        "itl_p99_0.8x": ours["itl_p99_ms"] <= 0.8 * best["itl_p99_ms"],
+        "qoe_at_least_best": ours["qoe_mean"] >= best["qoe_mean"],
+        "container_seconds_at_most_best": ours["container_seconds"] <= best["container_seconds"],
+    }
+
+
+def best_baseline(means: Mapping[str, Mapping[str, float]], metric: str, higher: bool) -> str:
+    """The baseline with the best mean of ``metric`` (the highest when ``higher``)."""
+    values = {name: means[name][metric] for name in BASELINES}
+    pick = max if higher else min
+    return pick(values, key=values.__getitem__)
+
+
+def main() -> None:
+    run_command(Settings, run, sys.argv[1:], prog="bench/itl_frontier.py", description=__doc__)
+
+
+def run(args: Settings) -> None:
+    """Run the baselines and twp_slo at each pacing multiple; print the JSON line."""
+    fractions = parse_fractions(args.fractions)
+    workloads = parse_workloads(args.workloads)
+    slo = Slo()
+    tpot_ms = slo.tpot_ms or 0.0
+    options = PlanOptions(
+        schedulers=None,
+        seeds=tuple(range(args.seeds)),
+        profile=load_profile("v100-llama-3.2-3b"),
+        slo=slo,
+        pool=PoolConfig(),
+        scenario=ScenarioConfig(duration_s=args.scenario_duration),
+        cache_dir=default_cache_dir(),
+        workers=args.workers,
+    )
+    parts = frontier_parts(options, workloads, fractions)
+    results = run_matrix(parts, workers=args.workers)
+    runs = []
+    for cell, result in zip(cells(parts), results, strict=True):
+        run = dict(result.run)
+        run["scheduler"] = label_of(cell.part, cell.scheduler, tpot_ms)
+        runs.append(run)
+    summary = summarize(runs)
+    paths = tuple((name, path) for name, path, _ in METRICS)
+    report: dict[str, Any] = {
+        "tpot_ms": tpot_ms, "seeds": args.seeds, "fractions": list(fractions), "workloads": {},
+    }  # fmt: skip
+    for workload in workloads:
+        rows = {e["scheduler"]: metric_rows(e, paths) for e in summary if e["workload"] == workload}
+        means = {name: {k: v["mean"] for k, v in row.items()} for name, row in rows.items()}
+        best_of = {name: best_baseline(means, name, higher) for name, _, higher in METRICS}
+        best = {name: means[scheduler][name] for name, scheduler in best_of.items()}
+        print(f"\n{workload} (best baseline per metric: {best})", file=sys.stderr)
+        paced: dict[str, Any] = {}
+        for fraction in fractions:
+            ours = means[pace_label(fraction)]
+            goals = goals_met(ours, best, tpot_ms)
+            ratios = {name: ours[name] / best[name] if best[name] else None for name in best}
+            paced[f"{fraction:g}"] = {
+                "means": ours, "ratios": ratios, "goals": goals, "all_goals": all(goals.values()),
+            }  # fmt: skip
+            cells_text = "  ".join(
+                f"{name}={ours[name]:.4g} ({ratio:.2f}x)" if ratio is not None else name
+                for name, ratio in ratios.items()
+            )
+            met = sum(goals.values())
+            print(f"  x{fraction:<5g} {cells_text}  goals {met}/{len(goals)}", file=sys.stderr)
+        report["workloads"][workload] = {
+            "best_baseline": best_of,
+            "best_means": best,
+            "twp_slo": paced,
+            "any_fraction_meets_all": any(entry["all_goals"] for entry in paced.values()),
+            "rows": rows,
+        }
+    print(json.dumps(report, default=float))
+
+
+if __name__ == "__main__":
+    main()
