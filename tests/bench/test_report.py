@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from tokenpace.bench.report import TABLE_COLUMNS, is_baseline, twp_versus_baselines
+from tokenpace.bench.report import (
+    TABLE_COLUMNS,
+    is_baseline,
+    twp_versus_baselines,
+    variants_versus_policy,
+)
 
 
 def _entry(scheduler: str, value: float) -> dict[str, Any]:
@@ -59,3 +64,19 @@ def test_ties_are_stated_and_pool_counters_compared() -> None:
     lines = twp_versus_baselines(summary, "high")
     preempted = next(line for line in lines if line.startswith("- Preemptions"))
     assert "tied with every baseline" in preempted
+
+
+def test_variants_are_compared_with_their_own_policy() -> None:
+    summary = [
+        _entry("twp_slo", 2.0),
+        _entry("twp_slo-no_deadline", 1.0),
+        _entry("twp", 4.0),
+        _entry("vllm_default", 3.0),
+    ]
+    table = variants_versus_policy(summary, "high")
+    rows = [line for line in table.splitlines() if line.startswith("| twp")]
+    assert len(rows) == 1 and rows[0].startswith("| twp_slo-no_deadline |")
+    # Every metric of the variant at half the policy's value.
+    assert rows[0].count("(0.500)") == rows[0].count("(")
+    assert "vllm_default" not in table
+    assert variants_versus_policy(summary[2:], "high") == ""

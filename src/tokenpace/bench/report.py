@@ -126,6 +126,45 @@ def twp_versus_baselines(summary: Sequence[Mapping[str, Any]], workload: str) ->
     return lines
 
 
+# What the variants section compares: (label, metric path, higher is better).
+VARIANT_COLUMNS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
+    ("Goodput", ("goodput_rps",), True),
+    ("Throughput (tok/s)", ("throughput_tok_s",), True),
+    ("ITL p99", ("itl_ms", "p99"), False),
+    ("TTFT p99", ("ttft_ms", "p99"), False),
+    ("SLO attainment", ("slo_attainment",), True),
+    ("QoE mean", ("qoe_mean",), True),
+    ("Recomputed tokens", ("recomputed_tokens",), False),
+    ("Container-seconds", ("container_seconds",), False),
+)
+
+
+def variants_versus_policy(summary: Sequence[Mapping[str, Any]], workload: str) -> str:
+    """A table of what each variant of TWP or twp_slo in ``summary`` (``<policy>-<change>``:
+    an ablation or an opt-in) changes against that policy on ``workload``: each metric's
+    mean and its ratio to the policy's. Empty when no variant ran beside its policy."""
+    rows = {e["scheduler"]: e for e in summary if e["workload"] == workload}
+    pairs = [
+        (policy, name)
+        for name in rows
+        for policy in TWP_NAMES
+        if name.startswith(f"{policy}-") and policy in rows
+    ]
+    if not pairs:
+        return ""
+    columns = [c for c in VARIANT_COLUMNS if all(c[1][0] in e for e in rows.values())]
+    header = "| Variant | " + " | ".join(f"{label} (x policy)" for label, _, _ in columns) + " |"
+    lines = [header, "|---" * (len(columns) + 1) + "|"]
+    for policy, name in pairs:
+        cells = []
+        for _, path, _ in columns:
+            ours, base = metric(rows[name], path)["mean"], metric(rows[policy], path)["mean"]
+            ratio = f"{ours / base:.3f}" if base else "n/a"
+            cells.append(f"{ours:.4g} ({ratio})")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 CAPACITY_METHOD = (
     "Every load is relative to measured capacity. The **knee** is the highest Poisson rate at "
     "which `vllm_default` still meets both SLOs for at least 90% of requests over the "
@@ -203,6 +242,17 @@ def render_report(
         comparison = twp_versus_baselines(summary, workload)
         if comparison:
             out += ["### TWP against the baselines", "", *comparison, ""]
+        variants = variants_versus_policy(summary, workload)
+        if variants:
+            out += [
+                "### Variants against their policy",
+                "",
+                "Each variant switches one part of its policy off (an ablation) or on (an "
+                "opt-in); the ratio is the variant's mean over the policy's.",
+                "",
+                variants,
+                "",
+            ]
     if "main" in workloads:
         out += [
             "## The paper's main-experiment figures beside ours",
