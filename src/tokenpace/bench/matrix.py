@@ -49,7 +49,7 @@ class MatrixConfig:
     kv_cache_tokens: int | None = None
     # The objectives the policies and the pool's autoscaler are given; None: ``slo``, which
     # the runs are always judged by (goodput, attainment). Set to pace a policy to other
-    # objectives than the ones it is measured against (``bench/itl_frontier.py``).
+    # objectives than the ones it is measured against (``bench/pacing_frontier.py``).
     policy_slo: Slo | None = None
 
     def __post_init__(self) -> None:

@@ -1,23 +1,25 @@
-"""What holding the ITL under the TPOT objective costs and buys: twp_slo paced to a range of
-TPOT objectives, judged against the benchmark's own, beside every pool baseline.
+"""What twp_slo's pacing costs and buys: twp_slo given other TTFT and TPOT objectives than the
+benchmark's, judged by the benchmark's, beside every pool baseline.
 
 twp_slo sizes its window and each step's prefill from the TPOT objective it is given (its ITL
-target is a fraction of it). Here it is given ``--fractions`` times the benchmark's TPOT
-objective (1.0 is ``twp_slo`` as the bench runs it), while every run is judged by the
-benchmark's objectives (``MatrixConfig.policy_slo``). The workloads are the benchmark's pool
-scenarios (``--workloads``, at their load factors of the measured knee, capacity cached as
-``tokenpace bench`` caches it), over ``--seeds`` seeds; the baselines run as the bench runs
-them (``POOL_SCHEDULERS`` without TWP).
+target is a fraction of it), and ranks waiting requests by their slack to the TTFT objective
+it is given. Here it is given ``--tpot-multiples`` times the benchmark's TPOT objective (at the
+benchmark's TTFT objective) and ``--ttft-multiples`` times its TTFT objective (at the
+benchmark's TPOT objective); multiple 1 of both is ``twp_slo`` as the bench runs it. Every run
+is judged by the benchmark's objectives (``MatrixConfig.policy_slo``). The workloads are the
+benchmark's pool scenarios (``--workloads``, at their load factors of the measured knee,
+capacity cached as ``tokenpace bench`` caches it), over ``--seeds`` seeds; the baselines run as
+the bench runs them (``POOL_SCHEDULERS`` without TWP).
 
-Reported per workload and fraction: twp_slo's goodput, throughput (tokens/s), p99 ITL, mean
-QoE, p99 TTFT and container-seconds, each with its ratio to the best baseline on that metric,
-and which of issue 11's goals for a loaded scenario the run meets (goodput >= 1.3x, throughput
->= 0.97x, p99 ITL within the TPOT objective and <= 0.8x the best, mean QoE >= the best,
-container-seconds <= the best). A goal that no fraction meets together with the others shows
-the trade-off is the profile's, not the pacing target's. Prints one JSON object on its last
-line.
+Reported per workload and pacing point: twp_slo's goodput, throughput (tokens/s), p99 ITL,
+mean QoE, p99 TTFT and container-seconds, each with its ratio to the best baseline on that
+metric, and which of issue 11's goals for a loaded scenario the run meets (goodput >= 1.3x,
+throughput >= 0.97x, p99 ITL within the TPOT objective and <= 0.8x the best, mean QoE >= the
+best, container-seconds <= the best). Goals that no pacing point meets together show a
+trade-off of the profile and the workload, not of the pacing target. Prints one JSON object on
+its last line.
 
-Example: ``python bench/itl_frontier.py --seeds 10``
+Example: ``python bench/pacing_frontier.py --seeds 10``
 """
 
 from __future__ import annotations
@@ -55,13 +57,16 @@ METRICS = (
 
 @dataclass(frozen=True, slots=True)
 class Settings:
-    """The flags of ``bench/itl_frontier.py``."""
+    """The flags of ``bench/pacing_frontier.py``."""
 
     seeds: int = option(5, "Seeds per cell.")
     workers: int = option(2, "Worker processes.")
-    fractions: str = option(
-        "0.8,1.0,1.25,1.5,2.0",
+    tpot_multiples: str = option(
+        "0.8,1,1.25,1.5,2",
         "Comma-separated multiples of the benchmark's TPOT objective twp_slo is paced to.",
+    )
+    ttft_multiples: str = option(
+        "0.5,0.75", "Comma-separated multiples of the benchmark's TTFT objective twp_slo ranks by."
     )
     workloads: str = option(
         "high,burst,kv_pressure,prefill_heavy", "Comma-separated pool scenarios."
@@ -72,16 +77,42 @@ class Settings:
         require_positive(self, "seeds", "workers", "scenario_duration")
 
 
-def parse_fractions(text: str) -> tuple[float, ...]:
-    """``--fractions`` as positive floats, in the order given; UsageError naming the flag
-    for anything else."""
+@dataclass(frozen=True, slots=True)
+class PacePoint:
+    """The objectives twp_slo is given, as multiples of the benchmark's."""
+
+    ttft_multiple: float
+    tpot_multiple: float
+
+    @property
+    def label(self) -> str:
+        """The point's name in the results (``twp_slo@ttft1,tpot1.25``)."""
+        return f"twp_slo@ttft{self.ttft_multiple:g},tpot{self.tpot_multiple:g}"
+
+    def slo(self, judged_by: Slo) -> Slo:
+        """The objectives given, from those the runs are ``judged_by``."""
+        return Slo(
+            ttft_ms=self.ttft_multiple * (judged_by.ttft_ms or 0.0),
+            tpot_ms=self.tpot_multiple * (judged_by.tpot_ms or 0.0),
+        )
+
+
+def parse_multiples(flag: str, text: str) -> tuple[float, ...]:
+    """A comma-separated list of positive numbers; UsageError naming ``flag`` otherwise."""
     try:
         values = tuple(float(part) for part in text.split(","))
     except ValueError:
-        raise UsageError(f"--fractions: not a comma-separated list of numbers: {text!r}") from None
-    if not values or not all(value > 0 for value in values):
-        raise UsageError(f"--fractions: every multiple must be positive, got {text!r}")
+        raise UsageError(f"{flag}: not a comma-separated list of numbers: {text!r}") from None
+    if not all(value > 0 for value in values):
+        raise UsageError(f"{flag}: every multiple must be positive, got {text!r}")
     return values
+
+
+def pace_points(tpot: tuple[float, ...], ttft: tuple[float, ...]) -> tuple[PacePoint, ...]:
+    """Each TPOT multiple at the benchmark's TTFT objective, then each TTFT multiple at its
+    TPOT objective (the point of both at 1 once)."""
+    points = [PacePoint(1.0, m) for m in tpot] + [PacePoint(m, 1.0) for m in ttft]
+    return tuple(dict.fromkeys(points))
 
 
 def parse_workloads(text: str) -> tuple[str, ...]:
@@ -96,37 +127,22 @@ def parse_workloads(text: str) -> tuple[str, ...]:
     return names
 
 
-def pace_label(fraction: float) -> str:
-    """The results' name of twp_slo paced to ``fraction`` times the TPOT objective."""
-    return f"twp_slo@{fraction:g}"
-
-
 def frontier_parts(
-    options: PlanOptions, workloads: tuple[str, ...], fractions: tuple[float, ...]
+    options: PlanOptions, workloads: tuple[str, ...], points: tuple[PacePoint, ...]
 ) -> list[MatrixConfig]:
     """The scenario parts of ``tokenpace bench`` cut to ``workloads``: one part of the
-    baselines, and one of twp_slo per fraction, paced to that multiple of the TPOT objective
-    (the same TTFT objective) and judged by the benchmark's."""
+    baselines, and one of twp_slo per pacing point (its ``policy_slo``)."""
     knees = measure_capacities(capacity_jobs(options, False, True), options.cache_dir)
-    slo = options.slo
-    parts = []
+    parts: list[MatrixConfig] = []
     for part in scenario_parts(options, knees):
         chosen = tuple(w for w in part.workloads if w.name in workloads)
         if not chosen:
             continue
         base = replace(part, workloads=chosen, per_workload_figures=False)
         parts.append(replace(base, schedulers=BASELINES))
-        for fraction in fractions:
-            paced = Slo(ttft_ms=slo.ttft_ms, tpot_ms=fraction * (slo.tpot_ms or 0.0))
-            parts.append(replace(base, schedulers=("twp_slo",), policy_slo=paced))
+        for point in points:
+            parts.append(replace(base, schedulers=("twp_slo",), policy_slo=point.slo(options.slo)))
     return parts
-
-
-def label_of(part: MatrixConfig, scheduler: str, tpot_ms: float) -> str:
-    """A run's name in the frontier: the scheduler, or twp_slo with its pacing multiple."""
-    if part.policy_slo is None:
-        return scheduler
-    return pace_label((part.policy_slo.tpot_ms or 0.0) / tpot_ms)
 
 
 def goals_met(
@@ -152,12 +168,15 @@ def best_baseline(means: Mapping[str, Mapping[str, float]], metric: str, higher:
 
 
 def main() -> None:
-    run_command(Settings, run, sys.argv[1:], prog="bench/itl_frontier.py", description=__doc__)
+    run_command(Settings, run, sys.argv[1:], prog="bench/pacing_frontier.py", description=__doc__)
 
 
 def run(args: Settings) -> None:
-    """Run the baselines and twp_slo at each pacing multiple; print the JSON line."""
-    fractions = parse_fractions(args.fractions)
+    """Run the baselines and twp_slo at each pacing point; print the JSON line."""
+    points = pace_points(
+        parse_multiples("--tpot-multiples", args.tpot_multiples),
+        parse_multiples("--ttft-multiples", args.ttft_multiples),
+    )
     workloads = parse_workloads(args.workloads)
     slo = Slo()
     tpot_ms = slo.tpot_ms or 0.0
@@ -171,30 +190,34 @@ def run(args: Settings) -> None:
         cache_dir=default_cache_dir(),
         workers=args.workers,
     )
-    parts = frontier_parts(options, workloads, fractions)
+    parts = frontier_parts(options, workloads, points)
+    label_of = {point.slo(slo): point.label for point in points}
     results = run_matrix(parts, workers=args.workers)
     runs = []
     for cell, result in zip(cells(parts), results, strict=True):
         run = dict(result.run)
-        run["scheduler"] = label_of(cell.part, cell.scheduler, tpot_ms)
+        given = cell.part.policy_slo
+        run["scheduler"] = cell.scheduler if given is None else label_of[given]
         runs.append(run)
     summary = summarize(runs)
     paths = tuple((name, path) for name, path, _ in METRICS)
     report: dict[str, Any] = {
-        "tpot_ms": tpot_ms, "seeds": args.seeds, "fractions": list(fractions), "workloads": {},
+        "slo": {"ttft_ms": slo.ttft_ms, "tpot_ms": tpot_ms}, "seeds": args.seeds,
+        "points": [p.label for p in points], "workloads": {},
     }  # fmt: skip
     for workload in workloads:
         rows = {e["scheduler"]: metric_rows(e, paths) for e in summary if e["workload"] == workload}
         means = {name: {k: v["mean"] for k, v in row.items()} for name, row in rows.items()}
         best_of = {name: best_baseline(means, name, higher) for name, _, higher in METRICS}
         best = {name: means[scheduler][name] for name, scheduler in best_of.items()}
-        print(f"\n{workload} (best baseline per metric: {best})", file=sys.stderr)
+        print(f"\n{workload} (best baseline per metric: {best_of})", file=sys.stderr)
         paced: dict[str, Any] = {}
-        for fraction in fractions:
-            ours = means[pace_label(fraction)]
+        for point in points:
+            ours = means[point.label]
             goals = goals_met(ours, best, tpot_ms)
             ratios = {name: ours[name] / best[name] if best[name] else None for name in best}
-            paced[f"{fraction:g}"] = {
+            paced[point.label] = {
+                "ttft_multiple": point.ttft_multiple, "tpot_multiple": point.tpot_multiple,
                 "means": ours, "ratios": ratios, "goals": goals, "all_goals": all(goals.values()),
             }  # fmt: skip
             cells_text = "  ".join(
@@ -202,12 +225,12 @@ def run(args: Settings) -> None:
                 for name, ratio in ratios.items()
             )
             met = sum(goals.values())
-            print(f"  x{fraction:<5g} {cells_text}  goals {met}/{len(goals)}", file=sys.stderr)
+            print(f"  {point.label:28s} {cells_text}  goals {met}/{len(goals)}", file=sys.stderr)
         report["workloads"][workload] = {
             "best_baseline": best_of,
             "best_means": best,
             "twp_slo": paced,
-            "any_fraction_meets_all": any(entry["all_goals"] for entry in paced.values()),
+            "any_point_meets_all": any(entry["all_goals"] for entry in paced.values()),
             "rows": rows,
         }
     print(json.dumps(report, default=float))
