@@ -80,3 +80,11 @@ def test_variants_are_compared_with_their_own_policy() -> None:
     assert rows[0].count("(0.500)") == rows[0].count("(")
     assert "vllm_default" not in table
     assert variants_versus_policy(summary[2:], "high") == ""
+    # A metric the variant's runs lack (NaN) is shown as such, never as a ratio.
+    summary[1]["qoe_mean"] = {"mean": float("nan"), "ci95": 0.0}
+    row = next(
+        line
+        for line in variants_versus_policy(summary, "high").splitlines()
+        if line.startswith("| twp_slo-no_deadline")
+    )
+    assert row.count("n/a") == 1 and "nan" not in row

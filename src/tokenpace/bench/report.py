@@ -9,11 +9,17 @@ from typing import Any
 TWP_NAMES = ("twp", "twp_slo")
 
 
+def variant_of(scheduler: str) -> str | None:
+    """The policy (twp or twp_slo) ``scheduler`` is a variant of, or None. Ablations and
+    opt-ins are named ``<policy>-<change>``, such as ``twp_slo-no_pool_signal``: the same
+    policy with one part switched."""
+    return next((name for name in TWP_NAMES if scheduler.startswith(f"{name}-")), None)
+
+
 def is_baseline(scheduler: str) -> bool:
-    """Whether ``scheduler`` is a baseline: not TWP, not twp_slo, and not one of their
-    variants (ablations and opt-ins are named ``<policy>-<change>``, such as
-    ``twp_slo-no_pool_signal``), which are the same policy with a part switched."""
-    return not any(scheduler == name or scheduler.startswith(f"{name}-") for name in TWP_NAMES)
+    """Whether ``scheduler`` is a baseline: neither TWP, nor twp_slo, nor a variant of
+    either (``variant_of``)."""
+    return scheduler not in TWP_NAMES and variant_of(scheduler) is None
 
 
 # (label, metric path, unit, higher is better)
@@ -126,16 +132,16 @@ def twp_versus_baselines(summary: Sequence[Mapping[str, Any]], workload: str) ->
     return lines
 
 
-# What the variants section compares: (label, metric path, higher is better).
-VARIANT_COLUMNS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
-    ("Goodput", ("goodput_rps",), True),
-    ("Throughput (tok/s)", ("throughput_tok_s",), True),
-    ("ITL p99", ("itl_ms", "p99"), False),
-    ("TTFT p99", ("ttft_ms", "p99"), False),
-    ("SLO attainment", ("slo_attainment",), True),
-    ("QoE mean", ("qoe_mean",), True),
-    ("Recomputed tokens", ("recomputed_tokens",), False),
-    ("Container-seconds", ("container_seconds",), False),
+# What the variants section compares: (label, metric path).
+VARIANT_COLUMNS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("Goodput", ("goodput_rps",)),
+    ("Throughput (tok/s)", ("throughput_tok_s",)),
+    ("ITL p99", ("itl_ms", "p99")),
+    ("TTFT p99", ("ttft_ms", "p99")),
+    ("SLO attainment", ("slo_attainment",)),
+    ("QoE mean", ("qoe_mean",)),
+    ("Recomputed tokens", ("recomputed_tokens",)),
+    ("Container-seconds", ("container_seconds",)),
 )
 
 
@@ -144,25 +150,27 @@ def variants_versus_policy(summary: Sequence[Mapping[str, Any]], workload: str) 
     an ablation or an opt-in) changes against that policy on ``workload``: each metric's
     mean and its ratio to the policy's. Empty when no variant ran beside its policy."""
     rows = {e["scheduler"]: e for e in summary if e["workload"] == workload}
-    pairs = [
-        (policy, name)
-        for name in rows
-        for policy in TWP_NAMES
-        if name.startswith(f"{policy}-") and policy in rows
-    ]
+    pairs = [(policy, name) for name in rows if (policy := variant_of(name)) in rows]
     if not pairs:
         return ""
     columns = [c for c in VARIANT_COLUMNS if all(c[1][0] in e for e in rows.values())]
-    header = "| Variant | " + " | ".join(f"{label} (x policy)" for label, _, _ in columns) + " |"
+    header = "| Variant | " + " | ".join(f"{label} (x policy)" for label, _ in columns) + " |"
     lines = [header, "|---" * (len(columns) + 1) + "|"]
     for policy, name in pairs:
         cells = []
-        for _, path, _ in columns:
+        for _, path in columns:
             ours, base = metric(rows[name], path)["mean"], metric(rows[policy], path)["mean"]
-            ratio = f"{ours / base:.3f}" if base else "n/a"
+            if not _is_number(ours):
+                cells.append("n/a")
+                continue
+            ratio = f"{ours / base:.3f}" if _is_number(base) and base else "n/a"
             cells.append(f"{ours:.4g} ({ratio})")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _is_number(value: float | None) -> bool:
+    return value is not None and not math.isnan(value)
 
 
 CAPACITY_METHOD = (
