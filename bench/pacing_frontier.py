@@ -91,9 +91,10 @@ class PacePoint:
 
     def slo(self, judged_by: Slo) -> Slo:
         """The objectives given, from those the runs are ``judged_by``."""
+        ttft, tpot = judged_by.ttft_ms, judged_by.tpot_ms
         return Slo(
-            ttft_ms=self.ttft_multiple * (judged_by.ttft_ms or 0.0),
-            tpot_ms=self.tpot_multiple * (judged_by.tpot_ms or 0.0),
+            ttft_ms=None if ttft is None else self.ttft_multiple * ttft,
+            tpot_ms=None if tpot is None else self.tpot_multiple * tpot,
         )
 
 
