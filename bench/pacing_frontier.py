@@ -33,8 +33,8 @@ from typing import Any
 from tokenpace.bench.capacity import measure_capacities
 from tokenpace.bench.matrix import MatrixConfig, cells, run_matrix
 from tokenpace.bench.presets import POOL_SCHEDULERS, PlanOptions, capacity_jobs, scenario_parts
+from tokenpace.bench.report import is_baseline
 from tokenpace.cli.command import run_command
-from tokenpace.cli.spec import UsageError
 from tokenpace.core.cache import default_cache_dir
 from tokenpace.core.config import option, require_positive
 from tokenpace.engine.profile import load_profile
@@ -43,7 +43,7 @@ from tokenpace.metrics.slo import Slo
 from tokenpace.pool.config import PoolConfig
 from tokenpace.workload.scenarios import SCENARIO_NAMES, ScenarioConfig
 
-BASELINES = tuple(n for n in POOL_SCHEDULERS if n not in ("twp", "twp_slo"))
+BASELINES = tuple(n for n in POOL_SCHEDULERS if is_baseline(n))
 # (name, metric path, higher is better)
 METRICS = (
     ("goodput_rps", ("goodput_rps",), True),
@@ -61,20 +61,26 @@ class Settings:
 
     seeds: int = option(5, "Seeds per cell.")
     workers: int = option(2, "Worker processes.")
-    tpot_multiples: str = option(
-        "0.8,1,1.25,1.5,2",
-        "Comma-separated multiples of the benchmark's TPOT objective twp_slo is paced to.",
+    tpot_multiples: tuple[float, ...] = option(
+        (0.8, 1.0, 1.25, 1.5, 2.0),
+        "Multiples of the benchmark's TPOT objective twp_slo is paced to.",
     )
-    ttft_multiples: str = option(
-        "0.5,0.75", "Comma-separated multiples of the benchmark's TTFT objective twp_slo ranks by."
+    ttft_multiples: tuple[float, ...] = option(
+        (0.5, 0.75), "Multiples of the benchmark's TTFT objective twp_slo ranks by."
     )
-    workloads: str = option(
-        "high,burst,kv_pressure,prefill_heavy", "Comma-separated pool scenarios."
-    )
+    workloads: tuple[str, ...] = option(
+        ("high", "burst", "kv_pressure", "prefill_heavy"), "Pool scenarios.",
+        choices=SCENARIO_NAMES,
+    )  # fmt: skip
     scenario_duration: float = option(20.0, "Arrival window of each scenario run (s).")
 
     def __post_init__(self) -> None:
         require_positive(self, "seeds", "workers", "scenario_duration")
+        for flag, values in (
+            ("--tpot-multiples", self.tpot_multiples), ("--ttft-multiples", self.ttft_multiples),
+        ):  # fmt: skip
+            if not all(value > 0 for value in values):
+                raise ValueError(f"{flag}: every multiple must be positive, got {values}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,34 +104,11 @@ class PacePoint:
         )
 
 
-def parse_multiples(flag: str, text: str) -> tuple[float, ...]:
-    """A comma-separated list of positive numbers; UsageError naming ``flag`` otherwise."""
-    try:
-        values = tuple(float(part) for part in text.split(","))
-    except ValueError:
-        raise UsageError(f"{flag}: not a comma-separated list of numbers: {text!r}") from None
-    if not all(value > 0 for value in values):
-        raise UsageError(f"{flag}: every multiple must be positive, got {text!r}")
-    return values
-
-
 def pace_points(tpot: tuple[float, ...], ttft: tuple[float, ...]) -> tuple[PacePoint, ...]:
     """Each TPOT multiple at the benchmark's TTFT objective, then each TTFT multiple at its
     TPOT objective (the point of both at 1 once)."""
     points = [PacePoint(1.0, m) for m in tpot] + [PacePoint(m, 1.0) for m in ttft]
     return tuple(dict.fromkeys(points))
-
-
-def parse_workloads(text: str) -> tuple[str, ...]:
-    """``--workloads`` as scenario names; UsageError naming the flag for an unknown one."""
-    names = tuple(part.strip() for part in text.split(","))
-    unknown = [name for name in names if name not in SCENARIO_NAMES]
-    if unknown:
-        raise UsageError(
-            f"--workloads: unknown scenario {', '.join(unknown)}; "
-            f"valid choices: {', '.join(SCENARIO_NAMES)}"
-        )
-    return names
 
 
 def frontier_parts(
@@ -174,11 +157,8 @@ def main() -> None:
 
 def run(args: Settings) -> None:
     """Run the baselines and twp_slo at each pacing point; print the JSON line."""
-    points = pace_points(
-        parse_multiples("--tpot-multiples", args.tpot_multiples),
-        parse_multiples("--ttft-multiples", args.ttft_multiples),
-    )
-    workloads = parse_workloads(args.workloads)
+    points = pace_points(args.tpot_multiples, args.ttft_multiples)
+    workloads = args.workloads
     slo = Slo()
     tpot_ms = slo.tpot_ms or 0.0
     options = PlanOptions(

@@ -24,6 +24,7 @@ from typing import Any
 from tokenpace.bench.capacity import measure_capacities
 from tokenpace.bench.matrix import MatrixConfig, run_matrix
 from tokenpace.bench.presets import POOL_SCHEDULERS, PlanOptions, capacity_jobs, scenario_parts
+from tokenpace.bench.report import is_baseline
 from tokenpace.cli.command import run_command
 from tokenpace.core.cache import default_cache_dir
 from tokenpace.core.config import option, require_positive
@@ -34,7 +35,7 @@ from tokenpace.pool.config import PoolConfig
 from tokenpace.pool.simulate import NO_POOL_SIGNAL
 
 OURS = ("twp_slo", NO_POOL_SIGNAL)
-BASELINES = tuple(n for n in POOL_SCHEDULERS if n not in ("twp", "twp_slo"))
+BASELINES = tuple(n for n in POOL_SCHEDULERS if is_baseline(n))
 METRICS = (
     ("container_seconds", ("container_seconds",)),
     ("goodput_rps", ("goodput_rps",)),

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any, TypeVar
 
 TWP_NAMES = ("twp", "twp_slo")
 
@@ -79,11 +79,22 @@ def _cell(stat: Mapping[str, float]) -> str:
     return text
 
 
+Column = TypeVar("Column", bound=tuple[Any, ...])
+
+
+def reported(
+    columns: Sequence[Column], entries: Collection[Mapping[str, Any]]
+) -> tuple[Column, ...]:
+    """The ``columns`` (label, metric path, ...) whose metric every one of ``entries``
+    reports (the pool's counters only pool runs do); none when there are no entries."""
+    if not entries:
+        return ()
+    return tuple(c for c in columns if all(c[1][0] in e for e in entries))
+
+
 def comparison_table(summary: Sequence[Mapping[str, Any]], workload: str) -> str:
     rows = [e for e in summary if e["workload"] == workload]
-    columns = TABLE_COLUMNS + tuple(
-        c for c in COUNTER_COLUMNS if rows and all(c[1][0] in e for e in rows)
-    )
+    columns = TABLE_COLUMNS + reported(COUNTER_COLUMNS, rows)
     header = "| Scheduler | " + " | ".join(label for label, _, _ in columns) + " |"
     rule = "|---" * (len(columns) + 1) + "|"
     lines = [header, rule]
@@ -98,9 +109,7 @@ def twp_versus_baselines(summary: Sequence[Mapping[str, Any]], workload: str) ->
     them): TWP's mean, the best baseline's (``is_baseline``), their ratio (n/a when the
     best is 0), and every baseline that does better than TWP or as well (stated plainly)."""
     rows = {e["scheduler"]: e for e in summary if e["workload"] == workload}
-    columns = TABLE_COLUMNS + tuple(
-        c for c in COUNTER_COLUMNS if rows and all(c[1][0] in e for e in rows.values())
-    )
+    columns = TABLE_COLUMNS + reported(COUNTER_COLUMNS, rows.values())
     lines: list[str] = []
     for twp in (n for n in TWP_NAMES if n in rows):
         baselines = {n: e for n, e in rows.items() if is_baseline(n)}
@@ -109,8 +118,8 @@ def twp_versus_baselines(summary: Sequence[Mapping[str, Any]], workload: str) ->
         for label, path, higher in columns:
             ours = metric(rows[twp], path)["mean"]
             values = {n: metric(e, path)["mean"] for n, e in baselines.items()}
-            values = {n: v for n, v in values.items() if v is not None and not math.isnan(v)}
-            if ours is None or math.isnan(ours) or not values:
+            values = {n: v for n, v in values.items() if _is_number(v)}
+            if not _is_number(ours) or not values:
                 continue
             pick = max if higher else min
             best = pick(values, key=lambda n: values[n])
@@ -153,7 +162,7 @@ def variants_versus_policy(summary: Sequence[Mapping[str, Any]], workload: str) 
     pairs = [(policy, name) for name in rows if (policy := variant_of(name)) in rows]
     if not pairs:
         return ""
-    columns = [c for c in VARIANT_COLUMNS if all(c[1][0] in e for e in rows.values())]
+    columns = reported(VARIANT_COLUMNS, rows.values())
     header = "| Variant | " + " | ".join(f"{label} (x policy)" for label, _ in columns) + " |"
     lines = [header, "|---" * (len(columns) + 1) + "|"]
     for policy, name in pairs:
