@@ -146,3 +146,49 @@ def test_a_residual_within_the_pass_to_pass_spread_is_noise_and_dropped() -> Non
     single = [DecodePoint(b, 128, ms, 0.0) for b, ms in measured.items()]
     assert pass_spread(single) == 0.0
     assert dict(decode_residuals(eq2, points, single)) == kept
+
+
+def test_prefill_fit_finds_a_floor_above_the_decode_floor() -> None:
+    # A CPU-like engine: a lone chunk pays 64 ms before its tokens, batch-1 decode 28 ms.
+    profile = replace(load_profile("v100-llama-3.2-3b"), prefill_floor_ms=64.0)
+    model = LatencyModel(profile)
+    shapes = ((16, 0), (64, 0), (256, 0), (64, 512), (64, 1024))
+    points = [PrefillPoint(c, s, 1000 * model.step_s(0, [PrefillChunk(c, s)])) for c, s in shapes]
+    decode_ms = model.decode_ms(8)
+    mixed_ms = 1000 * model.step_s(8, [PrefillChunk(64, 0)])
+    fit = fit_prefill(points, 28.0, MixedPoint(8, 64, decode_ms, mixed_ms))
+    assert fit.floor_ms == pytest.approx(64.0)
+    assert fit.ms_per_token == pytest.approx(profile.prefill_ms_per_token)
+    assert fit.attention_ms_per_kctx == pytest.approx(profile.prefill_attention_ms_per_kctx)
+    assert fit.mixed_overhead_ms == pytest.approx(profile.mixed_prefill_overhead_ms)
+    # The decode floor alone would put the whole 36 ms gap into the per-token term.
+    forced = fit_prefill(points[:1], 28.0, None)
+    assert forced.floor_ms == 0.0
+    assert forced.ms_per_token > profile.prefill_ms_per_token + 2.0
+
+
+@pytest.mark.parametrize(
+    "shapes",
+    [((16, 0), (64, 0)), ((64, 0), (64, 512), (64, 1024))],
+    ids=["two-points", "one-chunk-size"],
+)
+def test_prefill_floor_is_the_decode_floor_where_points_cannot_tell(
+    shapes: tuple[tuple[int, int], ...],
+) -> None:
+    profile = replace(load_profile("v100-llama-3.2-3b"), prefill_floor_ms=64.0)
+    model = LatencyModel(profile)
+    points = [PrefillPoint(c, s, 1000 * model.step_s(0, [PrefillChunk(c, s)])) for c, s in shapes]
+    assert fit_prefill(points, 28.0, None).floor_ms == 0.0
+
+
+def test_prefill_floor_below_the_decode_floor_is_not_kept() -> None:
+    # A GPU-like engine: small chunks cost the weight read, l_min, and no more.
+    profile = load_profile("v100-llama-3.2-3b")
+    model = LatencyModel(profile)
+    shapes = ((16, 0), (64, 0), (256, 0), (64, 512))
+    points = [
+        PrefillPoint(c, s, 1000 * model.step_s(0, [PrefillChunk(c, s)]) - 3.0) for c, s in shapes
+    ]
+    fit = fit_prefill(points, profile.l_min_ms, None)
+    assert fit.floor_ms == 0.0
+    assert fit.ms_per_token == pytest.approx(profile.prefill_ms_per_token, rel=0.2)

@@ -179,3 +179,23 @@ def test_bad_config_names_the_field(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=field):
         overrides: dict[str, Any] = {field: value}
         replace(OnlineCalibrationConfig(), **overrides)
+
+
+def test_a_prefill_floor_is_a_fixed_shape_that_moves_with_l_min() -> None:
+    # Prefill-only steps pay 20 ms more than l_min before their tokens.
+    floored = replace(truth(), prefill_floor_ms=50.0)
+    start = replace(prior(), prefill_floor_ms=prior().l_min_ms + 20.0)
+    model = LatencyModel(floored)
+    rng = np.random.default_rng(5)
+    observed = steps(floored, 300, rng)
+    for _ in range(100):
+        chunk = int(rng.choice([32, 64, 128]))
+        seconds = model.step_s(0, [PrefillChunk(chunk, 0)]) * (1 + 0.02 * rng.standard_normal())
+        observed.insert(int(rng.integers(0, len(observed))), Step(seconds, 0, chunk))
+    estimator = OnlineProfileEstimator(start, OnlineCalibrationConfig())
+    run(estimator, observed)
+    live = estimator.profile
+    assert live.l_min_ms == pytest.approx(30.0, rel=0.03)
+    assert live.prefill_floor_ms == pytest.approx(50.0, rel=0.05)
+    assert live.prefill_ms_per_token == pytest.approx(0.2, rel=0.1)
+    assert estimator.predict_ms(0, 64) == pytest.approx(50.0 + 64 * 0.2, rel=0.03)

@@ -58,6 +58,20 @@ class LatencyModel:
             attended = max(1, int(equivalent))
         return p.decode_attention_ms_per_kctx * (attended or decode_context_tokens) / 1000
 
+    def floor_ms(self, num_decode: int) -> float:
+        """What a step with ``num_decode`` decoding requests pays before its attention and
+        prefill terms: ``decode_ms``, or the profile's ``prefill_floor_ms`` for a step
+        that decodes nothing when the profile has one."""
+        if num_decode == 0 and self.profile.prefill_floor_ms > 0:
+            return self.profile.prefill_floor_ms
+        return self.decode_ms(num_decode)
+
+    def shape_ms(self, num_decode: int) -> float:
+        """What ``floor_ms`` adds to Eq. 2 at this decode batch (the residual, or the prefill
+        floor's excess over ``l_min_ms``): the fixed shape online calibration fits around."""
+        p = self.profile
+        return self.floor_ms(num_decode) - p.l_min_ms - p.alpha_ms * max(0, num_decode - p.b0)
+
     def residual_ms(self, batch_size: float) -> float:
         """The profile's decode residual at ``batch_size``: linear between swept sizes, the
         end values beyond them, 0 when the profile has none."""
@@ -93,16 +107,16 @@ class LatencyModel:
         decode_max_context: int = 0,
         decode_contexts: Sequence[int] | None = None,
     ) -> float:
-        """A step always pays the weight-read floor (decode_ms of its decode batch, its value
-        at batch 0 when only prefill runs) plus the decode attention term over
-        ``decode_context_tokens`` (the summed context of the decoding requests; for a
-        profile with ``decode_attention_padded``, ``num_decode`` times
+        """A step always pays its floor (``floor_ms``: decode_ms of its decode batch; with
+        prefill alone, the profile's prefill floor or decode_ms at batch 0) plus the decode
+        attention term over ``decode_context_tokens`` (the summed context of the decoding
+        requests; for a profile with ``decode_attention_padded``, ``num_decode`` times
         ``decode_max_context``, the longest of them); prefill chunks add their cost, plus
         the mixing overhead when they share the step with decode tokens, plus the per-chunk
         overhead for every chunk beyond the first (``chunks_overhead_ms``)."""
         if num_decode == 0 and not prefill_chunks:
             return 0.0
-        ms = self.decode_ms(num_decode)
+        ms = self.floor_ms(num_decode)
         ms += self.decode_attention_ms(
             num_decode, decode_context_tokens, decode_max_context, decode_contexts
         )

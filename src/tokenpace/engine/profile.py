@@ -32,7 +32,9 @@ class EngineProfile:
     ``mixed_prefill_overhead_ms`` once when a prefill chunk rides in a decode step, and
     ``prefill_chunk_overhead_ms`` for every prefill chunk beyond the first in one step (an
     engine that attends and writes KV chunk by chunk pays per chunk; 0 for one that runs a
-    step's chunks as one ragged batch).
+    step's chunks as one ragged batch). A step with prefill alone pays ``prefill_floor_ms``
+    before its chunks; 0 (profiles fitted before it) gives it the decode floor, Eq. 2 at
+    batch 0 plus the residual at the smallest swept batch.
     ``decode_attention_ms_per_kctx``: extra decode cost per request per 1,000 tokens of its
     context (0 keeps the paper's Eq. 2, which ignores context); with
     ``decode_attention_padded`` the engine attends every decoding request over the longest
@@ -73,6 +75,7 @@ class EngineProfile:
     checkpoint_tiers: tuple[CheckpointTier, ...] = ()
     mean_output_tokens: float = 50.0
     dtype: str = ""
+    prefill_floor_ms: float = 0.0
     notes: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -86,6 +89,7 @@ class EngineProfile:
             "prefill_attention_ms_per_kctx",
             "mixed_prefill_overhead_ms",
             "prefill_chunk_overhead_ms",
+            "prefill_floor_ms",
             "decode_attention_peeled",
             "decode_attention_call_tokens",
             "noise_cv",

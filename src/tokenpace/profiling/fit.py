@@ -27,13 +27,15 @@ class Eq2Fit:
 @dataclass(frozen=True, slots=True)
 class PrefillFit:
     """Prefill cost per token (ms) plus an attention term per token per 1,000 context tokens,
-    the fixed overhead (ms) of carrying a chunk inside a decode step, and what each chunk
-    beyond the first in one step adds (ms)."""
+    the fixed overhead (ms) of carrying a chunk inside a decode step, what each chunk beyond
+    the first in one step adds (ms), and what a prefill-only step pays before its tokens
+    (``floor_ms``; 0 when it is the decode floor the fit was given)."""
 
     ms_per_token: float
     attention_ms_per_kctx: float
     mixed_overhead_ms: float
     chunk_overhead_ms: float = 0.0
+    floor_ms: float = 0.0
 
     def chunk_ms(self, num_tokens: int, context_start: int) -> float:
         """Same formula as ``LatencyModel.prefill_ms``."""
@@ -193,26 +195,30 @@ def without_context(points: Sequence[DecodePoint], per_kctx_ms: float) -> list[D
 def fit_prefill(
     points: Sequence[PrefillPoint], floor_ms: float, mixed: MixedPoint | None
 ) -> PrefillFit:
-    """Least squares of ``step_ms - floor_ms = p * C + a * C * mean_context / 1000`` over
-    prefill-only steps (a prefill-only step pays the weight-read floor ``floor_ms``, the
-    latency model's decode step with nothing decoding); both terms clamped at 0. The mixing
-    overhead is what a decode step with one chunk costs beyond the decode step plus the
-    chunk's model cost (clamped at 0; 0 without a mixed point). The per-chunk overhead is
-    what the mixed point's split step (the same tokens as k chunks) costs beyond the
-    one-chunk step and the chunks' model costs, over k - 1 (clamped at 0; 0 when the split
-    was not timed). With a single point the attention term is 0: one point cannot tell the
-    two terms apart."""
+    """Least squares of ``step_ms = f + p * C + a * C * mean_context / 1000`` over
+    prefill-only steps; ``a`` clamped at 0 and ``p`` at 0. The floor ``f`` is fitted where
+    the points tell it apart from the other terms (at least three points, two chunk sizes)
+    and kept when it lies above ``floor_ms``, the latency model's decode step with nothing
+    decoding (a prefill-only step pays at least the weight read): on a CPU a lone chunk
+    runs the projections at its own row count, and its fixed cost is not the batch-1
+    decode step's (a 16-token chunk took 64.5 ms where batch 1 decoded in 28 ms and the
+    curve beyond it starts near 40 ms). Otherwise ``f = floor_ms`` and ``floor_ms`` of the
+    fit is 0. The mixing overhead is what a decode step with one chunk costs beyond the
+    decode step plus the chunk's model cost (clamped at 0; 0 without a mixed point). The
+    per-chunk overhead is what the mixed point's split step (the same tokens as k chunks)
+    costs beyond the one-chunk step and the chunks' model costs, over k - 1 (clamped at 0;
+    0 when the split was not timed). With a single point the attention term is 0: one
+    point cannot tell the two terms apart."""
     if not points:
         raise ValueError("the prefill fit needs at least one prefill point")
     chunk = np.array([p.num_tokens for p in points], dtype=float)
     mean_context = np.array([p.context_start for p in points], dtype=float) + (chunk + 1) / 2
-    extra = np.array([p.step_ms for p in points], dtype=float) - floor_ms
-    design = np.column_stack([chunk, chunk * mean_context / 1000])
-    (per_token, attention), *_ = np.linalg.lstsq(design, extra, rcond=None)
-    if attention < 0 or len(points) < 2:
-        attention = 0.0
-        per_token = float(np.sum(chunk * extra) / np.sum(chunk * chunk))
-    fit = PrefillFit(max(0.0, float(per_token)), float(attention), 0.0)
+    step_ms = np.array([p.step_ms for p in points], dtype=float)
+    fitted_floor, per_token, attention = _prefill_terms(chunk, mean_context, step_ms, None)
+    if not fitted_floor > floor_ms:  # also when the points do not determine it (NaN)
+        fitted_floor = 0.0
+        _, per_token, attention = _prefill_terms(chunk, mean_context, step_ms, floor_ms)
+    fit = PrefillFit(per_token, attention, 0.0, floor_ms=fitted_floor)
     if mixed is None:
         return fit
     overhead = mixed.mixed_ms - mixed.decode_ms - fit.chunk_ms(mixed.chunk, 0)
@@ -222,5 +228,32 @@ def fit_prefill(
         tokens_ms = k * fit.chunk_ms(mixed.split_chunk, 0) - fit.chunk_ms(mixed.chunk, 0)
         per_chunk = (mixed.split_ms - mixed.mixed_ms - tokens_ms) / (k - 1)
     return PrefillFit(
-        fit.ms_per_token, fit.attention_ms_per_kctx, max(0.0, overhead), max(0.0, per_chunk)
-    )
+        fit.ms_per_token, fit.attention_ms_per_kctx, max(0.0, overhead), max(0.0, per_chunk),
+        fitted_floor,
+    )  # fmt: skip
+
+
+def _prefill_terms(
+    chunk: np.ndarray, mean_context: np.ndarray, step_ms: np.ndarray, floor_ms: float | None
+) -> tuple[float, float, float]:
+    """(floor, per token, attention per 1,000 context tokens) of prefill-only steps: the
+    floor fixed at ``floor_ms``, or fitted when None and the points determine it (else
+    NaN); the attention term dropped (0) when it comes out negative or one point is all
+    there is; the per-token term clamped at 0."""
+    columns = [chunk, chunk * mean_context / 1000]
+    if floor_ms is None:
+        design = np.column_stack([np.ones_like(chunk), *columns])
+        if len(chunk) < 3 or np.linalg.matrix_rank(design) < 3:
+            return float("nan"), 0.0, 0.0
+        (floor, per_token, attention), *_ = np.linalg.lstsq(design, step_ms, rcond=None)
+        if attention < 0:
+            design = design[:, :2]
+            (floor, per_token), *_ = np.linalg.lstsq(design, step_ms, rcond=None)
+            attention = 0.0
+        return float(floor), max(0.0, float(per_token)), float(attention)
+    extra = step_ms - floor_ms
+    (per_token, attention), *_ = np.linalg.lstsq(np.column_stack(columns), extra, rcond=None)
+    if attention < 0 or len(chunk) < 2:
+        attention = 0.0
+        per_token = float(np.sum(chunk * extra) / np.sum(chunk * chunk))
+    return floor_ms, max(0.0, float(per_token)), float(attention)

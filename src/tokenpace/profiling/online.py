@@ -5,8 +5,9 @@ The model is the one the offline fit and the simulator use (``engine.latency_mod
     step_ms = l_min + alpha * max(0, B - B0) + p * P + m * [P > 0 and B > 0]
 
 with B the step's decoding requests, P its prefill tokens, the knee B0 fixed at the offline
-profile's, and the context (attention) terms and the decode residual (the measured curve's
-departure from Eq. 2, a fixed shape) left at their offline values. The four terms
+profile's, and the context (attention) terms, the decode residual (the measured curve's
+departure from Eq. 2, a fixed shape) and a prefill-only step's floor (as its excess over
+l_min) left at their offline values. The four terms
 are the exponentially weighted least-squares solution (recursive least squares with a
 forgetting factor, solved exactly from its sufficient statistics) with a weak ridge toward
 the offline profile, so a direction the served steps never excite (say alpha while every
@@ -140,7 +141,8 @@ class OnlineProfileEstimator:
         self.num_steps = 0
         self.num_shifts = 0
         self.updated_s: float | None = None
-        # The base profile's decode residual is a fixed shape: steps are fitted net of it.
+        # The base profile's decode residual and prefill floor are a fixed shape around Eq. 2:
+        # steps are fitted net of it.
         self._shape = LatencyModel(base)
         self._prior = self._theta_of(base)
         self._ridge = config.prior_steps * np.eye(4)
@@ -161,7 +163,7 @@ class OnlineProfileEstimator:
             return None
         cfg = self.config
         x = self._features(num_decode, num_prefill)
-        measured_ms = step.latency_s * 1000.0 - self._shape.residual_ms(num_decode)
+        measured_ms = step.latency_s * 1000.0 - self._shape.shape_ms(num_decode)
         predicted_ms = float(x @ self._theta)
         residual = measured_ms - predicted_ms
         bound = cfg.clip_sigmas * max(self._spread_ms, _MIN_SPREAD_FRACTION * abs(predicted_ms))
@@ -197,7 +199,7 @@ class OnlineProfileEstimator:
     def predict_ms(self, num_decode: int, num_prefill: int) -> float:
         """The current fit's step latency (ms) for a step of this shape."""
         fitted = float(self._features(num_decode, num_prefill) @ self._theta)
-        return fitted + self._shape.residual_ms(num_decode)
+        return fitted + self._shape.shape_ms(num_decode)
 
     def _shift_ratio(self) -> float | None:
         """When ``shift_votes`` of the recent residuals lie beyond the bound on one side, the
@@ -228,11 +230,16 @@ class OnlineProfileEstimator:
         )
 
     def _profile_of(self, theta: np.ndarray) -> EngineProfile:
-        """``base`` with the fitted terms (each clamped at 0; l_min kept positive)."""
+        """``base`` with the fitted terms (each clamped at 0; l_min kept positive; a prefill
+        floor moved with l_min)."""
         l_min, alpha_b0, prefill, mixed = (float(v) for v in theta)
+        base = self.base
+        l_min = max(l_min, 1e-3)
+        floor = base.prefill_floor_ms
         return replace(
-            self.base,
-            l_min_ms=max(l_min, 1e-3),
+            base,
+            prefill_floor_ms=max(1e-3, floor + l_min - base.l_min_ms) if floor > 0 else 0.0,
+            l_min_ms=l_min,
             alpha_ms=max(0.0, alpha_b0 / self.base.b0),
             prefill_ms_per_token=max(0.0, prefill / _PREFILL_SCALE_TOKENS),
             mixed_prefill_overhead_ms=max(0.0, mixed),

@@ -48,6 +48,7 @@ def fitted_terms(eq2: Eq2Fit, prefill: PrefillFit, decode_attention_ms: float) -
         "prefill_attention_ms_per_kctx": prefill.attention_ms_per_kctx,
         "mixed_prefill_overhead_ms": prefill.mixed_overhead_ms,
         "prefill_chunk_overhead_ms": prefill.chunk_overhead_ms,
+        "prefill_floor_ms": prefill.floor_ms,
         "decode_attention_ms_per_kctx": decode_attention_ms,
     }
 
@@ -70,10 +71,16 @@ def fit_profile(
     decode = without_context(sweep.decode, decode_attention)
     eq2 = fit_eq2(decode, b0)
     residual = decode_residuals(eq2, decode, sweep.decode_passes)
-    # A prefill-only step pays the latency model's decode floor: l_min plus the residual
-    # at the smallest swept batch.
+    # A prefill-only step pays at least the latency model's decode floor: l_min plus the
+    # residual at the smallest swept batch.
     floor_ms = eq2.l_min_ms + (residual[0][1] if residual else 0.0)
     prefill_fit = fit_prefill(sweep.prefill, floor_ms, sweep.mixed)
+    prefill_floor = (
+        f"A prefill-only step pays {prefill_fit.floor_ms:.2f} ms before its tokens (fitted), "
+        f"above the decode floor of {floor_ms:.2f} ms."
+        if prefill_fit.floor_ms
+        else f"A prefill-only step pays the decode floor, {floor_ms:.2f} ms, before its tokens."
+    )
     notes = {
         "source": source,
         **point_notes(eq2, sweep.decode, sweep.context, sweep.prefill, sweep.mixed),
@@ -82,6 +89,7 @@ def fit_profile(
         "within that spread is written as 0.",
         "step_latency": "A step's wall time from its start to the delivery of its tokens, "
         "as the policy sees it (profiling.probe).",
+        "prefill_floor": prefill_floor,
         **facts.notes,
     }
     profile = EngineProfile(
