@@ -5,8 +5,12 @@ through its serving backend and cached under the cache dir, profiled again when 
 ``--profile-max-age-h``), the knee of one server with
 that profile on the paper's main-experiment mixtures (measured on the simulator, as
 ``tokenpace bench`` measures capacity), then the same workload and seed (``--requests``
-Poisson arrivals at each load) on the real engine and on the simulator under
-``--scheduler``. Every request runs to its drawn output length on both.
+Poisson arrivals at each load) ``--repeats`` times on the real engine and as often on the
+simulator under ``--scheduler``; the errors are between the means of the repeats. Every
+request runs to its drawn output length on both. A real engine does not repeat itself: on a
+2-core CPU two runs of the same workload and seed at 1.5x the knee gave a p50 TTFT of 565
+and 800 ms. Each load's line on stderr gives the real runs' spread ((highest - lowest) /
+mean per metric), the error a perfect simulator would still show against one of them.
 The knee's SLO is tokenpace bench's default (TTFT 2 s, TPOT 100 ms) scaled to the engine's
 profile as ``tokenpace bench --engine`` scales it (``metrics.slo.scaled_slo``), unless given.
 Each load's line on stderr also gives the errors of a simulator on Eq. 2 alone (the profile
@@ -105,6 +109,12 @@ class Settings:
     scheduler: str = option("twp", "Policy run on the engine and the simulator.")
     seed: int = option(0, "Workload seed.")
     requests: int | None = option(None, "Requests per load (default 24; 6 with --quick).")
+    repeats: int | None = option(
+        None,
+        "Runs of each load on the real engine, and as many on the simulator; errors are "
+        "between their means, and the real runs' spread is printed (default 2; 1 with "
+        "--quick).",
+    )
     quick: bool = option(False, "Smoke test: tiny sweep and load.")
     slo_ttft_ms: float | None = option(None, "TTFT SLO of the knee (default scaled to l_min).")
     slo_tpot_ms: float | None = option(None, "TPOT SLO of the knee (default scaled to l_min).")
@@ -119,6 +129,8 @@ class Settings:
     def __post_init__(self) -> None:
         if self.requests is not None and self.requests < 2:
             raise ValueError(f"--requests must be at least 2, got {self.requests}")
+        if self.repeats is not None and self.repeats < 1:
+            raise ValueError(f"--repeats must be at least 1, got {self.repeats}")
         if not self.profile_max_age_h >= 0:
             raise ValueError(f"--profile-max-age-h must be >= 0, got {self.profile_max_age_h}")
 
@@ -135,6 +147,7 @@ def run(args: Settings) -> None:
     """Profile each engine, find its knee, run the three loads; print the JSON line."""
     engines = list(args.engines)
     num_requests = args.requests or (6 if args.quick else 24)
+    repeats = args.repeats or (1 if args.quick else 2)
     cache_dir = args.cache_dir or default_cache_dir()
     for engine in engines:
         prepare_process(engine)
@@ -160,12 +173,13 @@ def run(args: Settings) -> None:
         with RunnerSet() as runners:
             for load, workload in workloads.items():
                 measured = measure_fidelity(
-                    runners, engine, args.scheduler, workload, args.seed, profile, slo
+                    runners, engine, args.scheduler, workload, args.seed, profile, slo, repeats
                 )
                 errors = {NAMES[k]: round(v, 4) for k, v in measured.relative_error.items()}
                 eq2_errors = {NAMES[k]: round(v, 4) for k, v in measured.eq2_relative_error.items()}
                 result[engine][f"{load:g}" if load != 1 else "1.0"] = errors
                 real, sim = measured.real, measured.simulated
+                spread = {NAMES[k]: round(v, 4) for k, v in measured.real_spread.items()}
                 over_profile = {k: round(v, 3) for k, v in measured.real_step_over_profile.items()}
                 drift = measured.real_speed_drift
                 moved = (
@@ -175,13 +189,14 @@ def run(args: Settings) -> None:
                     else "not measured (too few steps)"
                 )
                 print(
-                    f"{engine} {load:g}x ({workload.rate_per_s:.2f} req/s): real ITL "
-                    f"{real['itl_ms']['mean']:.1f} ms, TTFT p50/p99 "
-                    f"{real['ttft_ms']['p50']:.0f}/{real['ttft_ms']['p99']:.0f} ms, "
+                    f"{engine} {load:g}x ({workload.rate_per_s:.2f} req/s, mean of {repeats} "
+                    f"run(s) each): real ITL {real['itl_mean']:.1f} ms, TTFT p50/p99 "
+                    f"{real['ttft_p50']:.0f}/{real['ttft_p99']:.0f} ms, "
                     f"{real['throughput_tok_s']:.1f} tok/s; sim ITL "
-                    f"{sim['itl_ms']['mean']:.1f} ms, TTFT p50/p99 "
-                    f"{sim['ttft_ms']['p50']:.0f}/{sim['ttft_ms']['p99']:.0f} ms, "
-                    f"{sim['throughput_tok_s']:.1f} tok/s; real per-step cost outside the "
+                    f"{sim['itl_mean']:.1f} ms, TTFT p50/p99 "
+                    f"{sim['ttft_p50']:.0f}/{sim['ttft_p99']:.0f} ms, "
+                    f"{sim['throughput_tok_s']:.1f} tok/s; real runs' spread "
+                    f"(highest - lowest) / mean {spread}; real per-step cost outside the "
                     f"measured step latency {measured.real_step_overhead_ms:.2f} ms; real "
                     f"step time over the profile's, by kind of step {over_profile}, its "
                     f"median per window {moved}; "

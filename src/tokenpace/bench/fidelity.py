@@ -57,19 +57,50 @@ class SpeedDrift:
 
 @dataclass(frozen=True, slots=True)
 class FidelityResult:
-    """The real and simulated runs' results.json entries and, per compared metric, the
-    relative error (simulated - real) / real; ``eq2_relative_error`` is the same for a
-    simulator on Eq. 2 alone (the profile without its decode residual; equal to
-    ``relative_error`` when the profile has none); ``real_speed_drift``: how the real
-    engine's speed against the profile moved during the run (``speed_drift``)."""
+    """The real and simulated runs' results.json entries (one per repeat) and, per compared
+    metric, the relative error (simulated - real) / real of their means over the repeats;
+    ``eq2_relative_error`` is the same for a simulator on Eq. 2 alone (the profile without
+    its decode residual; equal to ``relative_error`` when the profile has none);
+    ``real_spread``: per compared metric, how far the real engine's repeats of the same
+    workload and seed lay apart ((highest - lowest) / mean; 0 for one repeat), the error a
+    perfect simulator would still show against any one of them; ``real_speed_drift``: how
+    the real engine's speed against the profile moved during its runs (``speed_drift``;
+    the lowest and highest window over all repeats)."""
 
-    real: Mapping[str, Any]
-    simulated: Mapping[str, Any]
+    real_runs: tuple[Mapping[str, Any], ...]
+    simulated_runs: tuple[Mapping[str, Any], ...]
     relative_error: Mapping[str, float]
     real_step_overhead_ms: float = float("nan")
     eq2_relative_error: Mapping[str, float] = field(default_factory=dict)
     real_step_over_profile: Mapping[str, float] = field(default_factory=dict)
     real_speed_drift: SpeedDrift | None = None
+    real_spread: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def real(self) -> dict[str, float]:
+        """The compared metrics' means over the real repeats."""
+        return mean_compared(self.real_runs)
+
+    @property
+    def simulated(self) -> dict[str, float]:
+        """The compared metrics' means over the simulated repeats."""
+        return mean_compared(self.simulated_runs)
+
+
+def mean_compared(runs: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Per compared metric (``COMPARED``), its mean over ``runs`` (results.json entries)."""
+    return {
+        name: float(np.mean([_value(run, path) for run in runs])) for name, path in COMPARED.items()
+    }
+
+
+def spread_compared(runs: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Per compared metric, (highest - lowest) / mean over ``runs``."""
+    spread = {}
+    for name, path in COMPARED.items():
+        values = [_value(run, path) for run in runs]
+        spread[name] = (max(values) - min(values)) / float(np.mean(values))
+    return spread
 
 
 def step_overhead_ms(steps: Sequence[StepRecord], idle_gap_s: float = 0.05) -> float:
@@ -138,6 +169,11 @@ def step_over_profile(steps: Sequence[StepRecord], profile: EngineProfile) -> di
     return {kind: measured / predicted for kind, (measured, predicted) in sums.items()}
 
 
+def _median_finite(values: Sequence[float]) -> float:
+    finite = [v for v in values if np.isfinite(v)]
+    return float(np.median(finite)) if finite else float("nan")
+
+
 def _value(run: Mapping[str, Any], path: tuple[str, ...]) -> float:
     value: Any = run
     for key in path:
@@ -147,48 +183,57 @@ def _value(run: Mapping[str, Any], path: tuple[str, ...]) -> float:
 
 def measure_fidelity(
     runners: RunnerSet, engine: str, scheduler: str, workload: Workload, seed: int,
-    profile: EngineProfile, slo: Slo,
+    profile: EngineProfile, slo: Slo, repeats: int = 1,
 ) -> FidelityResult:  # fmt: skip
-    """Run ``workload`` (seed ``seed``) under ``scheduler`` on ``engine`` and on the
-    simulator with ``profile`` (and with ``profile`` on Eq. 2 alone), all from ``runners``
+    """Run ``workload`` (seed ``seed``) under ``scheduler`` ``repeats`` times on ``engine``
+    and as often on the simulator with ``profile`` (and with ``profile`` on Eq. 2 alone;
+    simulated repeat r draws its step noise from ``[seed, 1 + r]``), all from ``runners``
     (the engine stays loaded for the next call); relative error = (simulated - real) / real
-    for each compared metric."""
+    of each compared metric's mean over the repeats. Raises ValueError for ``repeats`` < 1."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
     # Real engines stop requests through max_tokens: the simulator gets the same caps.
     specs = with_known_lengths(workload.generate(np.random.default_rng([seed, 0])))
     compared = [("real", engine, profile), ("sim", "sim", profile)]
     if profile.decode_residual_ms:  # else Eq. 2 alone is the simulator already run
         compared.append(("eq2", "sim", replace(profile, decode_residual_ms=())))
-    runs = {}
-    overhead = float("nan")
-    over_profile: dict[str, float] = {}
-    drift: SpeedDrift | None = None
+    runs: dict[str, list[Mapping[str, Any]]] = {}
+    real_steps: list[list[StepRecord]] = []
     for label, runner, run_profile in compared:
-        output = runners.get(runner)(
-            RunRequest(scheduler, specs, run_profile, np.random.default_rng([seed, 1]), slo)
-        )
-        key = RunKey(scheduler, workload.name, runner, seed)
-        runs[label] = summarize_run(key, output.requests, 0.0, slo)
-        if label == "real":
-            overhead = step_overhead_ms(output.steps.get(0, []))
-            over_profile = step_over_profile(output.steps.get(0, []), profile)
-            drift = speed_drift(output.steps.get(0, []), profile)
+        for repeat in range(repeats):
+            output = runners.get(runner)(
+                RunRequest(
+                    scheduler, specs, run_profile, np.random.default_rng([seed, 1 + repeat]), slo
+                )
+            )
+            key = RunKey(scheduler, workload.name, runner, seed)
+            runs.setdefault(label, []).append(summarize_run(key, output.requests, 0.0, slo))
+            if label == "real":
+                real_steps.append(output.steps.get(0, []))
 
     def errors(label: str) -> dict[str, float]:
-        real = runs["real"]
-        return {
-            name: (_value(runs[label], path) - _value(real, path)) / _value(real, path)
-            for name, path in COMPARED.items()
-        }
+        real, simulated = mean_compared(runs["real"]), mean_compared(runs[label])
+        return {name: (simulated[name] - real[name]) / real[name] for name in COMPARED}
 
+    every_step = [step for steps in real_steps for step in steps]
+    drifts = [speed_drift(steps, profile) for steps in real_steps]
+    measured = [d for d in drifts if d.num_windows]
+    drift = drifts[0]
+    if measured:
+        drift = SpeedDrift(
+            measured[0].window_s, sum(d.num_windows for d in measured),
+            min(d.lowest for d in measured), max(d.highest for d in measured),
+        )  # fmt: skip
     eq2_label = "eq2" if "eq2" in runs else "sim"
     return FidelityResult(
-        runs["real"],
-        runs["sim"],
+        tuple(runs["real"]),
+        tuple(runs["sim"]),
         errors("sim"),
-        overhead,
+        _median_finite([step_overhead_ms(steps) for steps in real_steps]),
         errors(eq2_label),
-        over_profile,
+        step_over_profile(every_step, profile),
         drift,
+        spread_compared(runs["real"]),
     )
 
 

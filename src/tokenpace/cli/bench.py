@@ -134,7 +134,7 @@ def run_fidelity(options: BenchOptions, plan: PlanOptions) -> None:
     print(json.dumps({
         "engine": options.engine, "scheduler": scheduler, "workload": workload.name,
         "seed": options.seed, "profile": plan.profile.name,
-        "n_requests": result.real["n_requests"],
+        "n_requests": result.real_runs[0]["n_requests"],
         "relative_error": {k: round(v, 4) for k, v in result.relative_error.items()},
     }))  # fmt: skip
 
