@@ -13,8 +13,12 @@ class ScriptedProbe:
     """A timing probe whose decode passes take scripted times: per batch size, one time per
     call in order (the warm-up pass included)."""
 
-    def __init__(self, decode_ms: dict[int, list[float]]) -> None:
+    def __init__(
+        self, decode_ms: dict[int, list[float]], prefill_slow_calls: tuple[int, ...] = ()
+    ) -> None:
         self._decode_ms = {size: list(times) for size, times in decode_ms.items()}
+        self._prefill_slow_calls = prefill_slow_calls  # calls, in order, that run 2x slower
+        self.prefill_calls: list[tuple[int, int, int]] = []  # (tokens, start, repeats)
 
     @property
     def kv(self) -> KvFacts:
@@ -34,7 +38,9 @@ class ScriptedProbe:
         return DecodePoint(batch_size, context, self._decode_ms[batch_size].pop(0), 0.0)
 
     def prefill(self, config: SweepConfig, num_tokens: int, context_start: int) -> PrefillPoint:
-        return PrefillPoint(num_tokens, context_start, 10.0 + num_tokens)
+        slow = 2.0 if len(self.prefill_calls) in self._prefill_slow_calls else 1.0
+        self.prefill_calls.append((num_tokens, context_start, config.repeats))
+        return PrefillPoint(num_tokens, context_start, slow * (10.0 + num_tokens + context_start))
 
     def mixed(self, config: SweepConfig) -> MixedPoint:
         return MixedPoint(config.mixed_batch_size, config.mixed_chunk, 20.0, 30.0)
@@ -66,3 +72,20 @@ def test_the_mixed_split_must_divide_the_chunk_into_real_prefills() -> None:
     for split in (0, 3, 64):  # none, not a divisor, chunks of one token (read as decodes)
         with pytest.raises(ValueError, match=f"mixed_split .* got {split} for a 64-token"):
             SweepConfig(mixed_chunk=64, mixed_split=split)
+
+
+def test_prefill_points_are_interleaved_passes_with_each_median_kept() -> None:
+    config = SweepConfig(
+        batch_sizes=(1, 2, 4), context_lengths=(), context_batch_sizes=(),
+        prefill_chunks=(16, 64, 256), prefill_context_starts=(0, 512), repeats=3,
+    )  # fmt: skip
+    decode = {1: [40.0] * 2, 2: [50.0], 4: [60.0] * 2}
+    # A slow phase covers the last two points of the first pass and the first of the second:
+    # back to back, it would have slowed every repeat of the 256-token chunk.
+    probe = ScriptedProbe(decode, prefill_slow_calls=(2, 3, 4))
+    sweep = run_sweep(probe, config)
+    shapes = [(16, 0), (64, 0), (256, 0), (64, 512)]
+    assert probe.prefill_calls == [(c, s, 1) for c, s in shapes] * 3
+    assert [(p.num_tokens, p.context_start, p.step_ms) for p in sweep.prefill] == [
+        (16, 0, 26.0), (64, 0, 74.0), (256, 0, 266.0), (64, 512, 586.0)
+    ]  # fmt: skip

@@ -8,9 +8,10 @@ facts. A worker's start-up calibration runs the same sweep in a reduced configur
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from tokenpace.core.config import option, require_positive
@@ -55,7 +56,11 @@ class SweepConfig:
     )
     steps_per_point: int = option(8, "Timed steps per decode point (median kept).")
     warmup_steps: int = option(2, "Untimed steps before each decode point.")
-    repeats: int = option(3, "Repetitions of each prefill and mixed point (median kept).")
+    repeats: int = option(
+        3,
+        "Repetitions of each prefill and mixed point (median kept); the prefill points' are "
+        "interleaved passes over the points.",
+    )
     decode_rounds: int = option(
         1,
         "Passes over batch_sizes; each size keeps its median pass, so that neither a pass "
@@ -153,13 +158,33 @@ def measure_decode(
     return DecodeSweep(decode, tuple(context), every_pass)
 
 
+def measure_prefill(probe: TimingProbe, config: SweepConfig) -> tuple[PrefillPoint, ...]:
+    """The prefill points of ``config`` (each chunk size at context 0, then a 64-token chunk
+    after each nonzero context start): ``config.repeats`` interleaved passes over the
+    points, one timed step per point and pass, each point's median kept. A slow phase of the
+    machine then slows one pass of several points rather than every repeat of the last few:
+    timed back to back, one sweep's last three points came out 22-29% slower than in the two
+    sweeps before it (a 256-token chunk at 597 against 461-462 ms), and the fit read that
+    phase as the shape of the prefill curve."""
+    shapes = [(chunk, 0) for chunk in config.prefill_chunks]
+    shapes += [(64, start) for start in config.prefill_context_starts if start > 0]
+    once = replace(config, repeats=1)
+    times: dict[tuple[int, int], list[float]] = {shape: [] for shape in shapes}
+    for _ in range(config.repeats):
+        for chunk, start in shapes:
+            times[chunk, start].append(probe.prefill(once, chunk, start).step_ms)
+    return tuple(
+        PrefillPoint(chunk, start, statistics.median(times[chunk, start]))
+        for chunk, start in shapes
+    )
+
+
 def run_sweep(probe: TimingProbe, config: SweepConfig, log: Log = lambda _m: None) -> Sweep:
     """Measure every point of ``config`` with ``probe``. Raises ValueError before any step
     when a point cannot run on the engine (``TimingProbe.check``)."""
     probe.check(config)
     decode = measure_decode(probe, config, log)
-    prefill = [probe.prefill(config, chunk, 0) for chunk in config.prefill_chunks]
-    prefill += [probe.prefill(config, 64, s) for s in config.prefill_context_starts if s > 0]
+    prefill = measure_prefill(probe, config)
     for chunk in prefill:
         log(f"prefill C={chunk.num_tokens} start={chunk.context_start}: {chunk.step_ms:.1f} ms")
     mixed = probe.mixed(config) if config.mixed_batch_size else None
