@@ -44,7 +44,8 @@ def test_the_reduced_sweep_fits_eq2_at_the_configured_b0() -> None:
     profile = measure_profile(probe, Calibration("m", 8, 50.0, 2048))
     # Warm-up passes at the smallest and largest batch, then 1, B0 and 2 B0.
     assert probe.decodes == [(1, 32), (16, 32), (1, 32), (8, 32), (16, 32)]
-    assert probe.prefills == [(32, 0), (128, 0)]  # the prompt length and four times it
+    # The prompt length and four times it, in two interleaved passes.
+    assert probe.prefills == [(32, 0), (128, 0)] * 2
     assert profile.l_min_ms == pytest.approx(20.0)
     assert profile.alpha_ms == pytest.approx(2.0)
     assert profile.prefill_ms_per_token == pytest.approx(0.5)
