@@ -12,6 +12,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from itertools import count
 from pathlib import Path
 from typing import Any
@@ -34,15 +35,22 @@ VLLM_SWEEP = SweepConfig(
 )
 
 
+# The sweep's largest point, batch 16 at 1,024 tokens of context, needs 528 blocks of 32
+# tokens; 512 MiB of 16-bit KV holds 727 of SmolLM2's. float32 KV takes twice the bytes.
+PROFILE_KV_BYTES_16BIT = 512 * 2**20
+
+
 def profile_engine_config(
     model: str = "smollm2", dtype: str = "auto", cache_dir: Path | None = None
 ) -> VllmEngineConfig:
     """An engine sized for ``VLLM_SWEEP`` (contexts up to 1,024 tokens at batch 16, batches
-    up to 48). ``model`` is a local Hugging Face directory, or ``"smollm2"``: the embedded
-    GGUF, converted once into the native engine's checkpoint cache (``cache_dir``, default
-    ``default_cache_dir()``). Importing the converter
-    sets ``OMP_WAIT_POLICY=PASSIVE`` for torch, as the bench runner's vLLM engine gets it,
-    so the profile is measured the way that engine runs."""
+    up to 48), its KV cache the same number of tokens whatever precision ``dtype`` resolves
+    to (``auto`` takes float32 on a CPU without bfloat16 instructions, whose KV per token
+    is twice bfloat16's). ``model`` is a local Hugging Face directory, or ``"smollm2"``:
+    the embedded GGUF, converted once into the native engine's checkpoint cache
+    (``cache_dir``, default ``default_cache_dir()``). Importing the converter sets
+    ``OMP_WAIT_POLICY=PASSIVE`` for torch, as the bench runner's vLLM engine gets it, so
+    the profile is measured the way that engine runs."""
     if model == "smollm2":
         from tokenpace.engine.native import NativeEngineConfig
         from tokenpace.engine.native.loading import ensure_checkpoint
@@ -50,14 +58,17 @@ def profile_engine_config(
         model = str(ensure_checkpoint(NativeEngineConfig(cache_dir=cache_dir))[0])
     elif not (Path(model) / "config.json").is_file():
         raise FileNotFoundError(f"model {model!r} is not a Hugging Face model directory")
-    return VllmEngineConfig(
+    config = VllmEngineConfig(
         model=model,
         dtype=dtype,
         max_model_len=2048,
         max_num_seqs=64,
         max_num_batched_tokens=2048,
-        kv_cache_memory_bytes=512 * 2**20,
+        kv_cache_memory_bytes=PROFILE_KV_BYTES_16BIT,
     )
+    if config.resolved_dtype == "float32":
+        return replace(config, kv_cache_memory_bytes=2 * PROFILE_KV_BYTES_16BIT)
+    return config
 
 
 class EngineDriver:
