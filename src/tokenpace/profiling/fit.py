@@ -238,22 +238,17 @@ def _prefill_terms(
 ) -> tuple[float, float, float]:
     """(floor, per token, attention per 1,000 context tokens) of prefill-only steps: the
     floor fixed at ``floor_ms``, or fitted when None and the points determine it (else
-    NaN); the attention term dropped (0) when it comes out negative or one point is all
-    there is; the per-token term clamped at 0."""
-    columns = [chunk, chunk * mean_context / 1000]
-    if floor_ms is None:
-        design = np.column_stack([np.ones_like(chunk), *columns])
-        if len(chunk) < 3 or np.linalg.matrix_rank(design) < 3:
-            return float("nan"), 0.0, 0.0
-        (floor, per_token, attention), *_ = np.linalg.lstsq(design, step_ms, rcond=None)
-        if attention < 0:
-            design = design[:, :2]
-            (floor, per_token), *_ = np.linalg.lstsq(design, step_ms, rcond=None)
-            attention = 0.0
-        return float(floor), max(0.0, float(per_token)), float(attention)
-    extra = step_ms - floor_ms
-    (per_token, attention), *_ = np.linalg.lstsq(np.column_stack(columns), extra, rcond=None)
-    if attention < 0 or len(chunk) < 2:
-        attention = 0.0
-        per_token = float(np.sum(chunk * extra) / np.sum(chunk * chunk))
-    return floor_ms, max(0.0, float(per_token)), float(attention)
+    NaN); the attention term dropped (0) when it comes out negative or the points are too
+    few for it; the per-token term clamped at 0."""
+    fitted = floor_ms is None
+    target = step_ms if floor_ms is None else step_ms - floor_ms
+    columns = [np.ones_like(chunk)] if fitted else []
+    design = np.column_stack([*columns, chunk, chunk * mean_context / 1000])
+    if fitted and (len(chunk) < 3 or np.linalg.matrix_rank(design) < 3):
+        return float("nan"), 0.0, 0.0
+    terms, *_ = np.linalg.lstsq(design, target, rcond=None)
+    if terms[-1] < 0 or len(chunk) < design.shape[1]:
+        terms, *_ = np.linalg.lstsq(design[:, :-1], target, rcond=None)
+        terms = np.append(terms, 0.0)
+    floor = float(terms[0]) if floor_ms is None else floor_ms
+    return floor, max(0.0, float(terms[-2])), float(terms[-1])
