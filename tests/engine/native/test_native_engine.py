@@ -7,9 +7,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
+import torch
 
 from tokenpace.core.request import FinishReason, Request
 from tokenpace.engine.native import NativeEngine
+from tokenpace.engine.native.linear_kernels import packing_supported
 from tokenpace.engine.profile import load_profile
 from tokenpace.policy import build_policy
 from tokenpace.policy.base import Policy
@@ -67,6 +69,26 @@ def test_batched_greedy_equals_generate(
     assert engine.num_free_blocks == engine.num_total_blocks
     assert engine.num_active_slots == 0
     assert engine.forward_path == "fused"
+
+
+@pytest.mark.parametrize("pack_weights", ["on", "off"])
+def test_float32_greedy_equals_generate_with_weights_packed_or_not(
+    make_engine: EngineFactory,
+    prompt_ids: list[list[int]],
+    references: list[list[int]],
+    pack_weights: str,
+) -> None:
+    # Packed float32 products sum in oneDNN's order, not torch's: the trained model's greedy
+    # choices must not move.
+    if pack_weights == "on" and packing_supported(torch.float32) is not None:
+        pytest.skip("this machine cannot pack float32 weights")
+    engine = make_engine(dtype="float32", pack_weights=pack_weights)
+    assert engine.linear_kernel == ("packed" if pack_weights == "on" else "plain")
+    loop = StepLoop(twp(), engine)
+    requests = [make_request(i, ids) for i, ids in enumerate(prompt_ids)]
+    run(loop, requests)
+    for request, reference in zip(requests, references, strict=True):
+        assert request.output_token_ids == reference, f"request {request.request_id}"
 
 
 def test_greedy_equals_generate_with_the_longest_decodes_attended_on_their_own(

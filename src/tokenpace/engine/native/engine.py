@@ -144,15 +144,20 @@ class NativeEngine(BlockAccountedEngine):
         )
 
     def _choose_packing(self, weight: torch.Tensor) -> bool:
+        """Whether the projections read weights packed into oneDNN's layout: on the CPU,
+        always with ``on`` (refused, naming why, where oneDNN cannot pack ``weight``'s
+        dtype), with ``auto`` where packing is measured to win (``measure_packing_wins``)
+        and, for float32 weights, whose packed copy is as large as the weights, where that
+        copy takes at most half the available memory (``float32_copies_fit``)."""
         setting = self.config.pack_weights
         if setting == "off":
             return False
-        reduced_on_cpu = self.loaded.device.type == "cpu" and weight.dtype != torch.float32
+        on_cpu = self.loaded.device.type == "cpu"
         if setting == "on":
-            if not reduced_on_cpu:
+            if not on_cpu:
                 raise ValueError(
-                    "NativeEngineConfig.pack_weights='on' needs bfloat16 or float16 weights on "
-                    f"the CPU, got {weight.dtype} on {self.loaded.device}"
+                    "NativeEngineConfig.pack_weights='on' needs the CPU (oneDNN's layout), "
+                    f"got {self.loaded.device}"
                 )
             unsupported = packing_supported(weight.dtype)
             if unsupported is not None:
@@ -161,7 +166,15 @@ class NativeEngine(BlockAccountedEngine):
                     f"{weight.dtype} weights ({unsupported}); use 'auto' or 'off'"
                 )
             return True
-        return reduced_on_cpu and measure_packing_wins(weight, self._clock)
+        if not on_cpu:
+            return False
+        if weight.dtype == torch.float32 and not float32_copies_fit(
+            self.loaded.weight_bytes, weight.dtype, available_memory_bytes()
+        ):
+            return False
+        # Every layer's gate projection: a pass over more bytes than the caches hold.
+        gates = [layer.mlp.gate_proj.weight for layer in self._model.model.layers]
+        return measure_packing_wins(gates, self._clock)
 
     @property
     def projection_kernel(self) -> LinearKernel | None:
