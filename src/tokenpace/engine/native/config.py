@@ -58,11 +58,13 @@ class NativeEngineConfig:
     )
     pack_weights: str = option(
         "auto",
-        "Fused forward on CPU, reduced precision: reorder the projection weights once into "
-        "oneDNN's blocked layout. Where float32 products are used (upcast_min_tokens), their "
-        "float32 copies (twice the weights' memory; auto only where that is at most half the "
-        "available memory; off converts per step instead); elsewhere the weights themselves "
-        "(same results, a second copy), auto measuring whether that wins. auto, on, off.",
+        "Fused forward on CPU: reorder the projection weights once into oneDNN's blocked "
+        "layout. Where reduced-precision weights take float32 products (upcast_min_tokens), "
+        "their float32 copies (twice the weights' memory; auto only where that is at most "
+        "half the available memory; off converts per step instead); elsewhere the weights "
+        "themselves (a second copy; bfloat16/float16 results bit for bit, float32 ones "
+        "summed in oneDNN's order; float32 with auto only where the copy takes at most half "
+        "the available memory), auto measuring whether that wins. auto, on, off.",
         choices=PACK_WEIGHTS,
     )
 
