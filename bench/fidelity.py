@@ -14,7 +14,8 @@ mean per metric), the error a perfect simulator would still show against one of 
 The knee's SLO is tokenpace bench's default (TTFT 2 s, TPOT 100 ms) scaled to the engine's
 profile as ``tokenpace bench --engine`` scales it (``metrics.slo.scaled_slo``), unless given.
 Each load's line on stderr also gives the errors of a simulator on Eq. 2 alone (the profile
-without its measured decode residual), to show what the residual contributes, and the real
+without its measured decode residual), to show what the residual contributes, and without
+its cost of a first step after idle (``idle_wake_ms``), likewise; and the real
 engine's step time over what the profile gives the same steps, per kind of step (decode,
 mixed, prefill): far from 1, the engine did not run as it was profiled; and the median of
 that ratio per 5 s window, lowest to highest: windows that differ by more than the error
@@ -177,6 +178,9 @@ def run(args: Settings) -> None:
                 )
                 errors = {NAMES[k]: round(v, 4) for k, v in measured.relative_error.items()}
                 eq2_errors = {NAMES[k]: round(v, 4) for k, v in measured.eq2_relative_error.items()}
+                no_wake = {
+                    NAMES[k]: round(v, 4) for k, v in measured.no_wake_relative_error.items()
+                }
                 result[engine][f"{load:g}" if load != 1 else "1.0"] = errors
                 real, sim = measured.real, measured.simulated
                 spread = {NAMES[k]: round(v, 4) for k, v in measured.real_spread.items()}
@@ -200,7 +204,8 @@ def run(args: Settings) -> None:
                     f"measured step latency {measured.real_step_overhead_ms:.2f} ms; real "
                     f"step time over the profile's, by kind of step {over_profile}, its "
                     f"median per window {moved}; "
-                    f"errors {errors}; on Eq. 2 alone {eq2_errors}",
+                    f"errors {errors}; on Eq. 2 alone {eq2_errors}; without the "
+                    f"{profile.idle_wake_ms:.1f} ms first step after idle {no_wake}",
                     file=sys.stderr,
                     flush=True,
                 )

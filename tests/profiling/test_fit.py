@@ -9,13 +9,15 @@ import pytest
 from tokenpace.engine.latency_model import LatencyModel, PrefillChunk
 from tokenpace.engine.profile import load_profile
 from tokenpace.profiling.fit import (
+    IdleWakeFit,
     decode_residuals,
     fit_eq2,
     fit_eq2_discrete,
+    fit_idle_wake,
     fit_prefill,
     pass_spread,
 )
-from tokenpace.profiling.points import DecodePoint, MixedPoint, PrefillPoint
+from tokenpace.profiling.points import DecodePoint, IdlePoint, MixedPoint, PrefillPoint
 
 BATCHES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 
@@ -192,3 +194,22 @@ def test_prefill_floor_below_the_decode_floor_is_not_kept() -> None:
     fit = fit_prefill(points, profile.l_min_ms, None)
     assert fit.floor_ms == 0.0
     assert fit.ms_per_token == pytest.approx(profile.prefill_ms_per_token, rel=0.2)
+
+
+def _idle(gap_s: float, extra_ms: float, warm_ms: float = 150.0) -> IdlePoint:
+    return IdlePoint(gap_s, warm_ms + extra_ms, warm_ms)
+
+
+def test_the_first_step_after_idle_pays_the_longest_gaps_cost_from_the_gap_that_sleeps() -> None:
+    # 50 ms idle costs nothing, 200 ms and 1 s about 20 ms; three repeats, one noisy.
+    points = [
+        _idle(0.05, 1.0), _idle(0.2, 22.0), _idle(1.0, 20.0),
+        _idle(0.05, -2.0), _idle(0.2, 18.0), _idle(1.0, 21.0),
+        _idle(0.05, 30.0), _idle(0.2, 20.0), _idle(1.0, 19.0),
+    ]  # fmt: skip
+    assert fit_idle_wake(points) == IdleWakeFit(20.0, 0.2)
+
+
+def test_no_idle_cost_within_the_step_noise_or_without_points() -> None:
+    assert fit_idle_wake([_idle(0.2, 3.0), _idle(1.0, 4.0)]) == IdleWakeFit(0.0, 0.0)
+    assert fit_idle_wake([]) == IdleWakeFit(0.0, 0.0)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from tokenpace.profiling.points import DecodePoint, MixedPoint, PrefillPoint
 from tokenpace.profiling.probe import EngineFacts, KvFacts
-from tokenpace.profiling.sweep import SweepConfig, run_sweep
+from tokenpace.profiling.sweep import IDLE_PROBE_CHUNK, SweepConfig, run_sweep
 
 
 class ScriptedProbe:
@@ -89,3 +91,35 @@ def test_prefill_points_are_interleaved_passes_with_each_median_kept() -> None:
     assert [(p.num_tokens, p.context_start, p.step_ms) for p in sweep.prefill] == [
         (16, 0, 26.0), (64, 0, 74.0), (256, 0, 266.0), (64, 512, 586.0)
     ]  # fmt: skip
+
+
+def test_each_idle_gap_is_slept_then_a_lone_prefill_is_timed_twice() -> None:
+    config = SweepConfig(
+        batch_sizes=(1, 2, 4), context_lengths=(), context_batch_sizes=(), prefill_chunks=(16,),
+        prefill_context_starts=(0,), repeats=2, idle_gaps_s=(0.05, 1.0),
+    )  # fmt: skip
+    decode = {1: [40.0] * 2, 2: [50.0], 4: [60.0] * 2}
+    events: list[object] = []
+    probe = ScriptedProbe(decode)
+    original = probe.prefill
+
+    def prefill(config: SweepConfig, num_tokens: int, context_start: int) -> PrefillPoint:
+        events.append(("prefill", num_tokens, config.repeats))
+        return original(config, num_tokens, context_start)
+
+    probe.prefill = prefill  # type: ignore[method-assign]
+    sweep = run_sweep(probe, config, sleep=lambda gap: events.append(("sleep", gap)))
+    idle_events = events[2:]  # after the two prefill repeats of the 16-token point
+    one_gap = [("prefill", IDLE_PROBE_CHUNK, 1)] * 2
+    assert idle_events == ([("sleep", 0.05), *one_gap, ("sleep", 1.0), *one_gap] * 2)
+    assert [point.gap_s for point in sweep.idle] == [0.05, 1.0, 0.05, 1.0]
+    assert all(point.after_idle_ms == point.warm_ms == 74.0 for point in sweep.idle)
+    # Without gaps nothing sleeps.
+    quiet = replace(config, idle_gaps_s=())
+    assert run_sweep(ScriptedProbe(decode), quiet, sleep=pytest.fail).idle == ()  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("gaps", [(0.0,), (1.0, 0.5), (0.2, 0.2)])
+def test_idle_gaps_must_be_positive_and_increasing(gaps: tuple[float, ...]) -> None:
+    with pytest.raises(ValueError, match="idle_gaps_s must be positive and increasing"):
+        SweepConfig(idle_gaps_s=gaps)

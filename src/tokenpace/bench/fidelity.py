@@ -61,6 +61,9 @@ class FidelityResult:
     metric, the relative error (simulated - real) / real of their means over the repeats;
     ``eq2_relative_error`` is the same for a simulator on Eq. 2 alone (the profile without
     its decode residual; equal to ``relative_error`` when the profile has none);
+    ``no_wake_relative_error`` the same for a simulator without the profile's cost of a first
+    step after idle (``EngineProfile.idle_wake_ms``; equal to ``relative_error`` when it
+    has none);
     ``real_spread``: per compared metric, how far the real engine's repeats of the same
     workload and seed lay apart ((highest - lowest) / mean; 0 for one repeat), the error a
     perfect simulator would still show against any one of them; ``real_speed_drift``: how
@@ -75,6 +78,7 @@ class FidelityResult:
     real_step_over_profile: Mapping[str, float] = field(default_factory=dict)
     real_speed_drift: SpeedDrift | None = None
     real_spread: Mapping[str, float] = field(default_factory=dict)
+    no_wake_relative_error: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def real(self) -> dict[str, float]:
@@ -187,7 +191,8 @@ def measure_fidelity(
 ) -> FidelityResult:  # fmt: skip
     """Run ``workload`` (seed ``seed``) under ``scheduler`` ``repeats`` times on ``engine``
     and as often on the simulator with ``profile`` (and with ``profile`` on Eq. 2 alone;
-    simulated repeat r draws its step noise from ``[seed, 1 + r]``), all from ``runners``
+    and without its idle wake cost; simulated repeat r draws its step noise from
+    ``[seed, 1 + r]``), all from ``runners``
     (the engine stays loaded for the next call); relative error = (simulated - real) / real
     of each compared metric's mean over the repeats. Raises ValueError for ``repeats`` < 1."""
     if repeats < 1:
@@ -197,6 +202,8 @@ def measure_fidelity(
     compared = [("real", engine, profile), ("sim", "sim", profile)]
     if profile.decode_residual_ms:  # else Eq. 2 alone is the simulator already run
         compared.append(("eq2", "sim", replace(profile, decode_residual_ms=())))
+    if profile.idle_wake_ms:  # else the simulator already run has no wake cost
+        compared.append(("no_wake", "sim", replace(profile, idle_wake_ms=0.0)))
     runs: dict[str, list[Mapping[str, Any]]] = {}
     real_steps: list[list[StepRecord]] = []
     for label, runner, run_profile in compared:
@@ -234,6 +241,7 @@ def measure_fidelity(
         step_over_profile(every_step, profile),
         drift,
         spread_compared(runs["real"]),
+        errors("no_wake" if "no_wake" in runs else "sim"),
     )
 
 

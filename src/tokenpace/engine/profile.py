@@ -48,6 +48,9 @@ class EngineProfile:
     it, interpolated linearly between the swept sizes and held at the end values beyond
     them, so a decode curve that is not Eq. 2's two segments (a CPU's kernel switches, a
     GPU's wave quantisation) is followed; empty keeps Eq. 2 alone.
+    ``idle_wake_ms``: what the first step after the engine sat idle at least
+    ``idle_wake_after_s`` seconds pays on top (a CPU that idles clocks down and lets its
+    threads sleep; 0: nothing).
     ``noise_cv``: coefficient of variation of multiplicative step-time noise.
     ``dtype``: the precision the engine ran in while it was measured (``""`` when not
     recorded, as for the paper's profiles): the latencies hold for that precision only.
@@ -76,6 +79,8 @@ class EngineProfile:
     mean_output_tokens: float = 50.0
     dtype: str = ""
     prefill_floor_ms: float = 0.0
+    idle_wake_ms: float = 0.0
+    idle_wake_after_s: float = 0.0
     notes: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -90,6 +95,8 @@ class EngineProfile:
             "mixed_prefill_overhead_ms",
             "prefill_chunk_overhead_ms",
             "prefill_floor_ms",
+            "idle_wake_ms",
+            "idle_wake_after_s",
             "decode_attention_peeled",
             "decode_attention_call_tokens",
             "noise_cv",

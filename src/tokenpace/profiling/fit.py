@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from tokenpace.profiling.points import DecodePoint, MixedPoint, PrefillPoint
+from tokenpace.profiling.points import DecodePoint, IdlePoint, MixedPoint, PrefillPoint
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,3 +253,38 @@ def _prefill_terms(
         terms = np.append(terms, 0.0)
     floor = float(terms[0]) if floor_ms is None else floor_ms
     return floor, max(0.0, float(terms[-2])), float(terms[-1])
+
+
+# The wake cost counts only above this share of the step it delays: below it, the difference
+# of two medians of three steps is within a CPU's step-to-step noise.
+IDLE_WAKE_MIN_SHARE = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class IdleWakeFit:
+    """What the first step after idle pays (``wake_ms``) and from how long an idle gap
+    (``after_s``); both 0 when the sweep saw no such cost."""
+
+    wake_ms: float = 0.0
+    after_s: float = 0.0
+
+
+def fit_idle_wake(points: Sequence[IdlePoint]) -> IdleWakeFit:
+    """Per idle gap, the median over repeats of (step after the gap - the same step at
+    once). The wake cost is that of the longest gap, kept when it exceeds
+    ``IDLE_WAKE_MIN_SHARE`` of the warm step; it applies from the shortest gap whose cost
+    reached half of it (a gap that a CPU sleeps through pays the whole cost, a shorter
+    one none). No points: no cost."""
+    if not points:
+        return IdleWakeFit()
+    gaps = sorted({p.gap_s for p in points})
+    extra = {
+        gap: statistics.median(p.after_idle_ms - p.warm_ms for p in points if p.gap_s == gap)
+        for gap in gaps
+    }
+    wake = extra[gaps[-1]]
+    warm = statistics.median(p.warm_ms for p in points)
+    if wake <= IDLE_WAKE_MIN_SHARE * warm:
+        return IdleWakeFit()
+    after = next(gap for gap in gaps if extra[gap] >= wake / 2)
+    return IdleWakeFit(wake, after)

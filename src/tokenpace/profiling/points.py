@@ -26,6 +26,16 @@ class PrefillPoint:
 
 
 @dataclass(frozen=True, slots=True)
+class IdlePoint:
+    """One lone prefill step (ms) timed after the engine sat idle ``gap_s`` seconds
+    (``after_idle_ms``), and the same step again at once (``warm_ms``)."""
+
+    gap_s: float
+    after_idle_ms: float
+    warm_ms: float
+
+
+@dataclass(frozen=True, slots=True)
 class MixedPoint:
     """Decode step time (ms) of ``batch_size`` requests without and with one prefill chunk
     of ``chunk`` tokens; ``split_ms``: with the same tokens as ``split_chunks`` chunks of

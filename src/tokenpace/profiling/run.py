@@ -15,17 +15,25 @@ import numpy as np
 from tokenpace.engine.profile import EngineProfile, load_profile
 from tokenpace.profiling.fit import (
     Eq2Fit,
+    IdleWakeFit,
     PrefillFit,
     decode_residuals,
     fit_decode_attention,
     fit_eq2,
+    fit_idle_wake,
     fit_prefill,
     pass_spread,
     without_context,
 )
 from tokenpace.profiling.points import DecodePoint, MixedPoint, PrefillPoint
 from tokenpace.profiling.probe import EngineFacts
-from tokenpace.profiling.sweep import Sweep, SweepConfig, run_sweep
+from tokenpace.profiling.sweep import (
+    IDLE_PROBE_CHUNK,
+    PROFILE_IDLE_GAPS_S,
+    Sweep,
+    SweepConfig,
+    run_sweep,
+)
 
 if TYPE_CHECKING:
     from tokenpace.server.worker.backend import ServingBackend
@@ -81,6 +89,7 @@ def fit_profile(
         if prefill_fit.floor_ms
         else f"A prefill-only step pays the decode floor, {floor_ms:.2f} ms, before its tokens."
     )
+    wake = fit_idle_wake(sweep.idle)
     notes = {
         "source": source,
         **point_notes(eq2, sweep.decode, sweep.context, sweep.prefill, sweep.mixed),
@@ -90,12 +99,15 @@ def fit_profile(
         "step_latency": "A step's wall time from its start to the delivery of its tokens, "
         "as the policy sees it (profiling.probe).",
         "prefill_floor": prefill_floor,
+        **({"idle_wake": _idle_note(sweep, wake)} if sweep.idle else {}),
         **facts.notes,
     }
     profile = EngineProfile(
         name=facts.name,
         **fitted_terms(eq2, prefill_fit, decode_attention),
         decode_residual_ms=residual,
+        idle_wake_ms=wake.wake_ms,
+        idle_wake_after_s=wake.after_s,
         decode_attention_padded=facts.decode_attention_padded,
         decode_attention_peeled=facts.decode_attention_peeled,
         decode_attention_call_tokens=facts.decode_attention_call_tokens,
@@ -111,13 +123,27 @@ def fit_profile(
     return profile, eq2, prefill_fit
 
 
+def _idle_note(sweep: Sweep, wake: IdleWakeFit) -> str:
+    """The profile note on the first step after idle: the fit and every point."""
+    points = "; ".join(
+        f"{p.gap_s:g} s: {p.after_idle_ms:.1f} then {p.warm_ms:.1f} ms" for p in sweep.idle
+    )
+    fitted = (
+        f"The first step after {wake.after_s:g} s idle pays {wake.wake_ms:.1f} ms more."
+        if wake.wake_ms
+        else "No cost of a first step after idle above the step noise."
+    )
+    chunk = IDLE_PROBE_CHUNK
+    return f"{fitted} Lone {chunk}-token prefill steps after a gap, then at once: {points}."
+
+
 def default_sweep(engine_name: str) -> SweepConfig:
-    """The sweep ``tokenpace profile`` runs on ``engine_name``."""
+    """The sweep ``tokenpace profile`` runs on ``engine_name`` (each with the idle gaps)."""
     if engine_name == "vllm":
         from tokenpace.engine.vllm.probe import VLLM_SWEEP
 
-        return VLLM_SWEEP
-    return SweepConfig()
+        return replace(VLLM_SWEEP, idle_gaps_s=PROFILE_IDLE_GAPS_S)
+    return SweepConfig(idle_gaps_s=PROFILE_IDLE_GAPS_S)
 
 
 def run_profile(

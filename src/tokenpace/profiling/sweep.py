@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from tokenpace.core.config import option, require_positive
-from tokenpace.profiling.points import DecodePoint, MixedPoint, PrefillPoint
+from tokenpace.profiling.points import DecodePoint, IdlePoint, MixedPoint, PrefillPoint
 from tokenpace.profiling.probe import KvFacts, TimingProbe
 
 if TYPE_CHECKING:
@@ -23,6 +23,12 @@ if TYPE_CHECKING:
 
 Clock = Callable[[], float]
 Log = Callable[[str], None]
+Sleep = Callable[[float], None]
+# Idle gaps before a timed step (``SweepConfig.idle_gaps_s``) of ``tokenpace profile``: on a
+# 2-core CPU a step after 50 ms idle ran as fast as one back to back, after 200 ms 18% slower.
+PROFILE_IDLE_GAPS_S = (0.05, 0.2, 1.0)
+# The lone prefill chunk (tokens) timed after each idle gap.
+IDLE_PROBE_CHUNK = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +72,11 @@ class SweepConfig:
         "Passes over batch_sizes; each size keeps its median pass, so that neither a pass "
         "slowed by warm-up or contention nor a lucky fast one sets the point.",
     )
+    idle_gaps_s: tuple[float, ...] = option(
+        (),
+        "Idle gaps (s) before a timed prefill step, for the first step after idle "
+        "(``tokenpace profile`` times 0.05, 0.2 and 1 s; empty: not measured).",
+    )
     warmup_passes: bool = option(
         True,
         "Run the smallest and largest decode batch once untimed first (a fresh engine's "
@@ -100,6 +111,12 @@ class SweepConfig:
                 "SweepConfig.mixed_split must be >= 1 and divide mixed_chunk into chunks of at "
                 f"least 2 tokens, got {split} for a {self.mixed_chunk}-token chunk"
             )
+        if any(gap <= 0 for gap in self.idle_gaps_s) or list(self.idle_gaps_s) != sorted(
+            set(self.idle_gaps_s)
+        ):
+            raise ValueError(
+                f"SweepConfig.idle_gaps_s must be positive and increasing, got {self.idle_gaps_s}"
+            )
         for name in ("context_lengths", "context_batch_sizes", "prefill_context_starts"):
             values = getattr(self, name)
             if values and min(values) < 0:
@@ -119,6 +136,7 @@ class Sweep:
     mixed: MixedPoint | None
     kv: KvFacts
     decode_passes: tuple[DecodePoint, ...] = ()
+    idle: tuple[IdlePoint, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,9 +197,33 @@ def measure_prefill(probe: TimingProbe, config: SweepConfig) -> tuple[PrefillPoi
     )
 
 
-def run_sweep(probe: TimingProbe, config: SweepConfig, log: Log = lambda _m: None) -> Sweep:
-    """Measure every point of ``config`` with ``probe``. Raises ValueError before any step
-    when a point cannot run on the engine (``TimingProbe.check``)."""
+def measure_idle(
+    probe: TimingProbe, config: SweepConfig, sleep: Sleep = time.sleep
+) -> tuple[IdlePoint, ...]:
+    """For each of ``config.repeats`` passes over ``config.idle_gaps_s``: sleep the gap, time
+    a lone ``IDLE_PROBE_CHUNK``-token prefill step, then time it again at once. A CPU that
+    idles clocks down, its threads sleep and its caches go cold; the first step after pays
+    for it (on a 2-core CPU about 20 ms, whatever the chunk, and only the first)."""
+    once = replace(config, repeats=1)
+    points = []
+    for _ in range(config.repeats):
+        for gap in config.idle_gaps_s:
+            sleep(gap)
+            after = probe.prefill(once, IDLE_PROBE_CHUNK, 0).step_ms
+            warm = probe.prefill(once, IDLE_PROBE_CHUNK, 0).step_ms
+            points.append(IdlePoint(gap, after, warm))
+    return tuple(points)
+
+
+def run_sweep(
+    probe: TimingProbe,
+    config: SweepConfig,
+    log: Log = lambda _m: None,
+    sleep: Sleep = time.sleep,
+) -> Sweep:
+    """Measure every point of ``config`` with ``probe`` (``sleep`` waits out the idle gaps).
+    Raises ValueError before any step when a point cannot run on the engine
+    (``TimingProbe.check``)."""
     probe.check(config)
     decode = measure_decode(probe, config, log)
     prefill = measure_prefill(probe, config)
@@ -198,7 +240,15 @@ def run_sweep(probe: TimingProbe, config: SweepConfig, log: Log = lambda _m: Non
             f"mixed: decode {mixed.decode_ms:.1f} ms, with a {mixed.chunk}-token chunk "
             f"{mixed.mixed_ms:.1f} ms{split}"
         )
-    return Sweep(decode.decode, decode.context, tuple(prefill), mixed, probe.kv, decode.passes)
+    idle = measure_idle(probe, config, sleep)
+    for point in idle:
+        log(
+            f"after {point.gap_s:g} s idle: {point.after_idle_ms:.1f} ms, "
+            f"then {point.warm_ms:.1f} ms"
+        )
+    return Sweep(
+        decode.decode, decode.context, tuple(prefill), mixed, probe.kv, decode.passes, idle
+    )
 
 
 def measure_read_bandwidth_gb_s(

@@ -27,6 +27,10 @@ class SimServer:
     finished, and the next step starts. ``on_step`` hears of every step started and
     ``on_idle(now)`` of each time the loop runs out of work. A pool container adds its life
     cycle on top (``pool.container``).
+
+    A step that starts after the server sat idle at least ``idle_wake_after_s`` (from its
+    creation or its last step) takes ``idle_wake_s`` longer (``EngineProfile.idle_wake_ms``:
+    the engine's first step after idle); 0 adds nothing.
     """
 
     def __init__(
@@ -36,8 +40,13 @@ class SimServer:
         on_finished: FinishedCallback | None = None,
         on_idle: Callable[[float], None] | None = None,
         on_step: Callable[[], None] | None = None,
+        idle_wake_s: float = 0.0,
+        idle_wake_after_s: float = 0.0,
     ) -> None:
         self.kernel = kernel
+        self.idle_wake_s = idle_wake_s
+        self.idle_wake_after_s = idle_wake_after_s
+        self._idle_since: float | None = kernel.now_s
         self.loop = loop
         self._on_finished = on_finished
         self._on_idle = on_idle
@@ -72,12 +81,21 @@ class SimServer:
         step = self.loop.begin_step(now_s)
         self._step = step
         if step is None:
+            if self._idle_since is None:
+                self._idle_since = now_s
             if not self.loop.has_work and self._on_idle is not None:
                 self._on_idle(now_s)
             return
         if self._on_step is not None:
             self._on_step()
         done_at = now_s + step.result.latency_s
+        idle_since, self._idle_since = self._idle_since, None
+        if (
+            self.idle_wake_s > 0
+            and idle_since is not None
+            and now_s - idle_since >= self.idle_wake_after_s
+        ):
+            done_at += self.idle_wake_s
         self.kernel.schedule(done_at, PRIORITY_STEP_DONE, lambda t: self._complete(step, t))
 
     def _complete(self, step: InFlightStep, now_s: float) -> None:
