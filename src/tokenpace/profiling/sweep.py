@@ -203,7 +203,7 @@ def measure_idle(
     """For each of ``config.repeats`` passes over ``config.idle_gaps_s``: sleep the gap, time
     a lone ``IDLE_PROBE_CHUNK``-token prefill step, then time it again at once. A CPU that
     idles clocks down, its threads sleep and its caches go cold; the first step after pays
-    for it (on a 2-core CPU about 20 ms, whatever the chunk, and only the first)."""
+    for it (on a 2-core CPU 16-36 ms, about the same for any chunk, and only the first)."""
     once = replace(config, repeats=1)
     points = []
     for _ in range(config.repeats):
