@@ -84,6 +84,32 @@ def test_step_time_over_the_profile_is_per_kind_of_step() -> None:
     assert ratios == pytest.approx({"decode": 2.0, "mixed": 1.0})
 
 
+def test_a_first_step_after_idle_is_predicted_with_the_profiles_wake_cost() -> None:
+    from dataclasses import replace
+
+    from tokenpace.bench.fidelity import speed_drift, step_over_profile
+    from tokenpace.engine.latency_model import LatencyModel
+    from tokenpace.engine.profile import load_profile
+    from tokenpace.runtime.step_loop import StepRecord
+
+    profile = replace(load_profile("v100-llama-3.2-3b"), idle_wake_ms=20.0, idle_wake_after_s=0.1)
+    step_s = LatencyModel(profile).step_s(4, [])
+
+    def step(start_s: float, latency_s: float) -> StepRecord:
+        return StepRecord(0, start_s, latency_s, 4, 0, 4, 0, 0, 0, 0, 0, {})
+
+    # The first step and the one after a 1 s gap pay the wake cost; back-to-back steps and
+    # one after a gap shorter than the threshold do not.
+    woken = step_s + 0.020
+    steps = [step(0.0, woken)]
+    steps += [step(woken + i * step_s, step_s) for i in range(4)]
+    end_s = woken + 4 * step_s
+    steps += [step(end_s + 0.05, step_s), step(end_s + 0.05 + step_s + 1.0, woken)]
+    assert step_over_profile(steps, profile) == pytest.approx({"decode": 1.0})
+    drift = speed_drift(steps, profile, min_steps=1)
+    assert drift.lowest == pytest.approx(1.0) and drift.highest == pytest.approx(1.0)
+
+
 def test_speed_drift_is_the_range_of_per_window_medians() -> None:
     from tokenpace.bench.fidelity import speed_drift
     from tokenpace.engine.latency_model import LatencyModel

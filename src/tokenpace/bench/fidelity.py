@@ -125,11 +125,9 @@ def speed_drift(
     """``SpeedDrift`` of ``steps`` against ``profile``; windows start at the first step."""
     if not window_s > 0:
         raise ValueError(f"window_s must be positive, got {window_s}")
-    model = LatencyModel(profile)
     ratios: dict[int, list[float]] = {}
     first_s = steps[0].start_s if steps else 0.0
-    for step in steps:
-        predicted = _predicted_s(model, step)
+    for step, predicted in zip(steps, _predictions(steps, profile), strict=True):
         if predicted > 0:
             window = int((step.start_s - first_s) // window_s)
             ratios.setdefault(window, []).append(step.latency_s / predicted)
@@ -154,22 +152,41 @@ def _predicted_s(model: LatencyModel, step: StepRecord) -> float:
     return model.step_s(step.num_decode_tokens, chunks)
 
 
+def _predictions(steps: Sequence[StepRecord], profile: EngineProfile) -> list[float]:
+    """``_predicted_s`` of each of ``steps`` (in the order run), plus the profile's cost of a
+    first step after idle (``idle_wake_ms``) for a nonempty step that started at least
+    ``idle_wake_after_s`` after the previous one ended, and for the first: what the
+    simulated server charges."""
+    model = LatencyModel(profile)
+    wake_s = profile.idle_wake_ms / 1000
+    predicted = []
+    previous_end_s: float | None = None
+    for step in steps:
+        value = _predicted_s(model, step)
+        woke = previous_end_s is None or step.start_s - previous_end_s >= profile.idle_wake_after_s
+        if wake_s > 0 and value > 0 and woke:
+            value += wake_s
+        predicted.append(value)
+        previous_end_s = step.start_s + step.latency_s
+    return predicted
+
+
 def step_over_profile(steps: Sequence[StepRecord], profile: EngineProfile) -> dict[str, float]:
     """Per kind of step (``decode``, ``mixed``: decode with a prefill chunk, ``prefill``):
     the steps' mean measured latency over the mean ``profile`` gives the same steps (their
     decode batch and prefill tokens, the prefill as one chunk from context 0, the decode
-    attention term left out: the records carry no contexts). Near 1 when the engine ran
+    attention term left out: the records carry no contexts; a first step after idle with
+    the profile's cost of it, ``_predictions``). Near 1 when the engine ran
     as it was profiled; far from it when it did not (another precision, a slower phase of
     the machine). Kinds with no step are left out."""
-    model = LatencyModel(profile)
     sums: dict[str, list[float]] = {}
-    for step in steps:
+    for step, predicted in zip(steps, _predictions(steps, profile), strict=True):
         kind = _kind(step)
         if kind is None:
             continue
         measured_predicted = sums.setdefault(kind, [0.0, 0.0])
         measured_predicted[0] += step.latency_s
-        measured_predicted[1] += _predicted_s(model, step)
+        measured_predicted[1] += predicted
     return {kind: measured / predicted for kind, (measured, predicted) in sums.items()}
 
 
