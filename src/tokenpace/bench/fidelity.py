@@ -4,6 +4,7 @@ set relative to the engine's knee."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import pairwise
@@ -156,16 +157,14 @@ def _predictions(steps: Sequence[StepRecord], profile: EngineProfile) -> list[fl
     """``_predicted_s`` of each of ``steps`` (in the order run), plus the profile's cost of a
     first step after idle (``idle_wake_ms``) for a nonempty step that started at least
     ``idle_wake_after_s`` after the previous one ended, and for the first: what the
-    simulated server charges."""
+    simulated server charges (``EngineProfile.idle_wake_s``)."""
     model = LatencyModel(profile)
-    wake_s = profile.idle_wake_ms / 1000
     predicted = []
-    previous_end_s: float | None = None
+    previous_end_s = -math.inf
     for step in steps:
         value = _predicted_s(model, step)
-        woke = previous_end_s is None or step.start_s - previous_end_s >= profile.idle_wake_after_s
-        if wake_s > 0 and value > 0 and woke:
-            value += wake_s
+        if value > 0:
+            value += profile.idle_wake_s(step.start_s - previous_end_s)
         predicted.append(value)
         previous_end_s = step.start_s + step.latency_s
     return predicted

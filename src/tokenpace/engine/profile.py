@@ -111,6 +111,13 @@ class EngineProfile:
                 f"increasing order, got {sizes}"
             )
 
+    def idle_wake_s(self, idle_s: float) -> float:
+        """Seconds a step pays on top after the engine sat idle ``idle_s`` seconds:
+        ``idle_wake_ms`` from ``idle_wake_after_s`` on, else 0."""
+        if self.idle_wake_ms > 0 and idle_s >= self.idle_wake_after_s:
+            return self.idle_wake_ms / 1000
+        return 0.0
+
     @property
     def kv_capacity_tokens(self) -> int:
         return self.block_size * self.num_gpu_blocks

@@ -90,8 +90,7 @@ class Container:
             on_finished=partial(listener.on_finished, self),
             on_idle=self._became_idle,
             on_step=self.lifecycle.disarm_keep_alive,
-            idle_wake_s=profile.idle_wake_ms / 1000,
-            idle_wake_after_s=profile.idle_wake_after_s,
+            idle_wake=profile.idle_wake_s,
         )
 
     # --- state the routers read -------------------------------------------------------

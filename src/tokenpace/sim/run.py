@@ -50,12 +50,7 @@ def simulate(
     loop = StepLoop(policy, engine, record_steps=record_steps)
     if calibration is not None:
         loop.calibrator = OnlineProfileEstimator(profile, calibration)
-    server = SimServer(
-        kernel,
-        loop,
-        idle_wake_s=profile.idle_wake_ms / 1000,
-        idle_wake_after_s=profile.idle_wake_after_s,
-    )
+    server = SimServer(kernel, loop, idle_wake=profile.idle_wake_s)
     requests = to_requests(specs)
     for request in requests:
         kernel.schedule(request.arrival_s, PRIORITY_ARRIVAL, partial(_arrive, server, request))

@@ -28,9 +28,9 @@ class SimServer:
     ``on_idle(now)`` of each time the loop runs out of work. A pool container adds its life
     cycle on top (``pool.container``).
 
-    A step that starts after the server sat idle at least ``idle_wake_after_s`` (from its
-    creation or its last step) takes ``idle_wake_s`` longer (``EngineProfile.idle_wake_ms``:
-    the engine's first step after idle); 0 adds nothing.
+    A step that starts after the server sat idle (since its creation or its last step)
+    takes ``idle_wake(idle seconds)`` longer (``EngineProfile.idle_wake_s``: the engine's
+    first step after idle); by default nothing.
     """
 
     def __init__(
@@ -40,12 +40,10 @@ class SimServer:
         on_finished: FinishedCallback | None = None,
         on_idle: Callable[[float], None] | None = None,
         on_step: Callable[[], None] | None = None,
-        idle_wake_s: float = 0.0,
-        idle_wake_after_s: float = 0.0,
+        idle_wake: Callable[[float], float] | None = None,
     ) -> None:
         self.kernel = kernel
-        self.idle_wake_s = idle_wake_s
-        self.idle_wake_after_s = idle_wake_after_s
+        self._idle_wake = idle_wake
         self._idle_since: float | None = kernel.now_s
         self.loop = loop
         self._on_finished = on_finished
@@ -90,12 +88,8 @@ class SimServer:
             self._on_step()
         done_at = now_s + step.result.latency_s
         idle_since, self._idle_since = self._idle_since, None
-        if (
-            self.idle_wake_s > 0
-            and idle_since is not None
-            and now_s - idle_since >= self.idle_wake_after_s
-        ):
-            done_at += self.idle_wake_s
+        if self._idle_wake is not None and idle_since is not None:
+            done_at += self._idle_wake(now_s - idle_since)
         self.kernel.schedule(done_at, PRIORITY_STEP_DONE, lambda t: self._complete(step, t))
 
     def _complete(self, step: InFlightStep, now_s: float) -> None:
