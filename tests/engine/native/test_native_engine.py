@@ -71,19 +71,27 @@ def test_batched_greedy_equals_generate(
     assert engine.forward_path == "fused"
 
 
-@pytest.mark.parametrize("pack_weights", ["on", "off"])
-def test_float32_greedy_equals_generate_with_weights_packed_or_not(
+@pytest.mark.parametrize(
+    ("pack_weights", "decode_attention"), [("on", "products"), ("off", "sdpa")]
+)
+def test_float32_greedy_equals_generate_with_each_kernel_choice(
     make_engine: EngineFactory,
     prompt_ids: list[list[int]],
     references: list[list[int]],
     pack_weights: str,
+    decode_attention: str,
 ) -> None:
-    # Packed float32 products sum in oneDNN's order, not torch's: the trained model's greedy
-    # choices must not move.
+    # Packed float32 products sum in oneDNN's order, not torch's, and decode attention by
+    # batched products is SDPA's to rounding: the trained model's greedy choices must not
+    # move.
     if pack_weights == "on" and packing_supported(torch.float32) is not None:
         pytest.skip("this machine cannot pack float32 weights")
-    engine = make_engine(dtype="float32", pack_weights=pack_weights)
+    engine = make_engine(
+        dtype="float32", pack_weights=pack_weights, decode_attention=decode_attention
+    )
     assert engine.linear_kernel == ("packed" if pack_weights == "on" else "plain")
+    expected = "sdpa" if decode_attention == "sdpa" else f"products<={engine.config.max_model_len}"
+    assert engine.decode_attention == expected
     loop = StepLoop(twp(), engine)
     requests = [make_request(i, ids) for i, ids in enumerate(prompt_ids)]
     run(loop, requests)

@@ -13,6 +13,8 @@ EMBEDDED_MODEL = "smollm2"
 DTYPES = DTYPE_CHOICES
 # ``pack_weights``: measured at load, always, never.
 PACK_WEIGHTS = ("auto", "on", "off")
+# ``decode_attention``: measured at load, the fused SDPA kernel, batched products.
+DECODE_ATTENTION = ("auto", "sdpa", "products")
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +69,14 @@ class NativeEngineConfig:
         "the available memory), auto measuring whether that wins. auto, on, off.",
         choices=PACK_WEIGHTS,
     )
+    decode_attention: str = option(
+        "auto",
+        "How a step's padded decode attention runs: sdpa (torch's fused kernel), products "
+        "(batched matrix products and a softmax; the same values to rounding) or auto "
+        "(products up to the longest context where they are measured to win at load, on "
+        "CPU with float32 KV; sdpa elsewhere).",
+        choices=DECODE_ATTENTION,
+    )
 
     def __post_init__(self) -> None:
         require_positive(
@@ -81,6 +91,11 @@ class NativeEngineConfig:
             raise ValueError(
                 "NativeEngineConfig.pack_weights must be auto, on or off, "
                 f"got {self.pack_weights!r}"
+            )
+        if self.decode_attention not in DECODE_ATTENTION:
+            raise ValueError(
+                "NativeEngineConfig.decode_attention must be auto, sdpa or products, "
+                f"got {self.decode_attention!r}"
             )
         if self.dtype not in DTYPES:
             raise ValueError(

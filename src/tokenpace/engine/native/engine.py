@@ -22,6 +22,8 @@ from tokenpace.engine.native.attention import (
     PEEL_CALL_TOKENS,
     PrefillSpan,
     StepLayout,
+    measure_products_max_len,
+    score_bias,
 )
 from tokenpace.engine.native.config import NativeEngineConfig
 from tokenpace.engine.native.fused_forward import FusedForward, unsupported_reason
@@ -94,6 +96,7 @@ class NativeEngine(BlockAccountedEngine):
             max_slots=config.max_num_seqs,
             max_positions=config.max_model_len,
         )
+        self.decode_products_max_len = self._choose_decode_attention()
         self._blocks = BlockAccountant(config.num_blocks, config.block_size)
         self.step_logprobs: dict[int, TokenLogprob] = {}
         self.step_prompt_logprobs: dict[int, tuple[int, list[TokenLogprob]]] = {}
@@ -197,6 +200,32 @@ class NativeEngine(BlockAccountedEngine):
         if self.loaded.device.type != "cpu" or weight.dtype == torch.float32:
             return None
         return measure_upcast_min_rows(weight, self._clock, packed=packed)
+
+    def _choose_decode_attention(self) -> int | None:
+        """Up to which padded context a step's decode attention runs as batched products
+        (None: never, the fused SDPA kernel throughout): every context with ``products``,
+        none with ``sdpa``, and with ``auto`` the longest where products are measured to
+        win (``measure_products_max_len``) on the CPU with float32 KV. Elsewhere SDPA: a
+        GPU's fused kernel never materialises the scores, and reduced-precision products
+        would round the scores before the softmax."""
+        setting = self.config.decode_attention
+        if setting != "auto":
+            return self.config.max_model_len if setting == "products" else None
+        if self.loaded.device.type != "cpu" or self.loaded.dtype != torch.float32:
+            return None
+        shape = self._cache.shape
+        group = self._model.config.num_attention_heads // shape.num_kv_heads
+        return measure_products_max_len(
+            shape.num_kv_heads, group, shape.head_dim, torch.float32,
+            self.config.max_model_len, self._clock,
+        )  # fmt: skip
+
+    @property
+    def decode_attention(self) -> str:
+        """How padded decode attention runs: ``sdpa``, or ``products<=N`` (batched
+        products up to a context of N keys, SDPA beyond)."""
+        limit = self.decode_products_max_len
+        return "sdpa" if limit is None else f"products<={limit}"
 
     @property
     def forward_path(self) -> str:
@@ -353,6 +382,11 @@ class NativeEngine(BlockAccountedEngine):
         span_lengths = torch.ones(span, dtype=torch.long)
         span_lengths[slots] = torch.tensor(lengths, dtype=torch.long)
         visible = torch.arange(max_len)[None, :] < span_lengths[:, None]
+        # One row attends faster through SDPA without a mask than as products.
+        bias = None
+        limit = self.decode_products_max_len
+        if limit is not None and span > 1 and 0 < max_len <= limit:
+            bias = score_bias(visible, self._cache.shape.num_kv_heads, self.loaded.dtype)
         spans: list[PrefillSpan] = []
         row = len(decode)
         write_rows = list(range(len(decode)))
@@ -380,6 +414,8 @@ class NativeEngine(BlockAccountedEngine):
             decode_is_dense=slots == list(range(span)),
             prefills=tuple(spans),
             decode_peeled=tuple((row, slots[row], lengths[row]) for row in peeled_rows),
+            decode_bias=None if bias is None else bias.to(device),
+            decode_all_visible=bool(visible.all()),
         )
 
     def _forward(
