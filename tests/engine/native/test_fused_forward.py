@@ -49,6 +49,12 @@ def _engine(**overrides: object) -> NativeEngine:
     return NativeEngine.load(config, rng=np.random.default_rng(0))
 
 
+def _twin(engine: NativeEngine, **overrides: object) -> NativeEngine:
+    """Another engine on ``engine``'s loaded model, configured by ``overrides``."""
+    config = NativeEngineConfig(model=TINY, device="cpu", **overrides)  # type: ignore[arg-type]
+    return NativeEngine(engine.loaded, config, time.perf_counter, np.random.default_rng(0))
+
+
 def _requests(ids: Iterator[int]) -> list[Request]:
     params = SamplingParams(ignore_eos=True)
     return [Request(next(ids), n, 6, 0.0, sampling=params) for n in (5, 9, 40, 23)]
@@ -75,12 +81,7 @@ def _greedy(engine: NativeEngine) -> list[list[int]]:
 
 def test_fused_and_transformers_paths_agree_on_mixed_steps() -> None:
     fused = _engine(dtype="float32")
-    plain = NativeEngine(
-        fused.loaded,
-        NativeEngineConfig(model=TINY, device="cpu", dtype="float32", fused_forward=False),
-        time.perf_counter,
-        np.random.default_rng(0),
-    )
+    plain = _twin(fused, dtype="float32", fused_forward=False)
     assert (fused.forward_path, plain.forward_path) == ("fused", "transformers")
     assert _greedy(fused) == _greedy(plain)
 
@@ -94,14 +95,7 @@ def test_fused_and_transformers_paths_agree_on_mixed_steps() -> None:
 )
 def test_upcast_products_keep_bfloat16_greedy_outputs(pack_weights: str, kernel: str) -> None:
     native = _engine(dtype="bfloat16", upcast_min_tokens=0)
-    upcast = NativeEngine(
-        native.loaded,
-        NativeEngineConfig(
-            model=TINY, device="cpu", upcast_min_tokens=1, pack_weights=pack_weights
-        ),
-        time.perf_counter,
-        np.random.default_rng(0),
-    )
+    upcast = _twin(native, upcast_min_tokens=1, pack_weights=pack_weights)
     assert (native.upcast_min_rows, upcast.upcast_min_rows) == (None, 1)
     assert (native.linear_kernel, upcast.linear_kernel) == ("plain", kernel)
     outputs, reference = _greedy(upcast), _greedy(native)
@@ -207,24 +201,14 @@ def test_packed_linear_is_torchs_bfloat16_product_bit_for_bit() -> None:
 @needs_packing
 def test_packed_weights_keep_the_greedy_outputs_exactly() -> None:
     plain = _engine(dtype="bfloat16", upcast_min_tokens=0, pack_weights="off")
-    packed = NativeEngine(
-        plain.loaded,
-        NativeEngineConfig(model=TINY, device="cpu", upcast_min_tokens=0, pack_weights="on"),
-        time.perf_counter,
-        np.random.default_rng(0),
-    )
+    packed = _twin(plain, upcast_min_tokens=0, pack_weights="on")
     assert (plain.linear_kernel, packed.linear_kernel) == ("plain", "packed")
     assert _greedy(packed) == _greedy(plain)
 
 
 def test_decode_attention_by_products_keeps_the_greedy_outputs() -> None:
     sdpa = _engine(dtype="float32", decode_attention="sdpa")
-    products = NativeEngine(
-        sdpa.loaded,
-        NativeEngineConfig(model=TINY, device="cpu", dtype="float32", decode_attention="products"),
-        time.perf_counter,
-        np.random.default_rng(0),
-    )
+    products = _twin(sdpa, dtype="float32", decode_attention="products")
     assert (sdpa.decode_attention, products.decode_attention) == ("sdpa", "products<=2048")
     assert _greedy(products) == _greedy(sdpa)
 
@@ -245,12 +229,7 @@ def test_a_bad_packing_setting_is_refused() -> None:
 @needs_float32_packing
 def test_packed_float32_weights_give_the_float32_products_to_rounding() -> None:
     plain = _engine(dtype="float32", pack_weights="off")
-    packed = NativeEngine(
-        plain.loaded,
-        NativeEngineConfig(model=TINY, device="cpu", dtype="float32", pack_weights="on"),
-        time.perf_counter,
-        np.random.default_rng(0),
-    )
+    packed = _twin(plain, dtype="float32", pack_weights="on")
     assert (plain.linear_kernel, packed.linear_kernel) == ("plain", "packed")
     generator = torch.Generator().manual_seed(0)
     weight = torch.randn(300, 96, generator=generator)
@@ -298,18 +277,8 @@ def test_packing_wins_only_when_faster_at_every_probed_row_count(dtype: torch.dt
 def test_packing_where_the_cpu_cannot_is_refused_by_name_or_left_off() -> None:
     plain = _engine(dtype="bfloat16", upcast_min_tokens=0, pack_weights="off")
     with pytest.raises(ValueError, match="pack_weights='on': this machine cannot pack"):
-        NativeEngine(
-            plain.loaded,
-            NativeEngineConfig(model=TINY, device="cpu", upcast_min_tokens=0, pack_weights="on"),
-            time.perf_counter,
-            np.random.default_rng(0),
-        )
-    auto = NativeEngine(
-        plain.loaded,
-        NativeEngineConfig(model=TINY, device="cpu", upcast_min_tokens=0, pack_weights="auto"),
-        time.perf_counter,
-        np.random.default_rng(0),
-    )
+        _twin(plain, upcast_min_tokens=0, pack_weights="on")
+    auto = _twin(plain, upcast_min_tokens=0, pack_weights="auto")
     assert auto.linear_kernel == "plain"
     assert not measure_packing_wins([torch.zeros(8, 8, dtype=torch.bfloat16)])
 
