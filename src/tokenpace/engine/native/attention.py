@@ -15,8 +15,9 @@ The padded decode call runs one of two ways, as the step's layout says: through 
 SDPA kernel under a boolean mask, or as three batched operations (scores by one batched
 product plus an additive bias built once per step, softmax, the weighted sum by a second
 batched product: ``products_attention``). On a 2-core AVX2 CPU the batched products took
-0.47-0.68x SDPA's time at 8-64 requests over 64-128 keys, and lost to it at 64 requests over
-512; ``measure_products_max_len`` finds the crossover on the machine at hand.
+0.47-0.68x SDPA's time at 8-64 requests over 64-128 keys and came near parity by some 32,000
+keys in all (64 requests over 512: 1.13x in one run, 0.97x in another);
+``measure_products_max_len`` finds the crossover on the machine at hand.
 """
 
 from __future__ import annotations
