@@ -25,11 +25,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from tokenpace.engine.native.interleaved import beats
 from tokenpace.engine.native.kv_cache import SlotKVCache
 
 ATTENTION_NAME = "tokenpace_slots"
@@ -264,9 +266,8 @@ def measure_products_max_len(
     SDPA kernel at every probed context (``PRODUCTS_PROBE_MIN_LEN``, doubling, up to
     ``max_len``), or None when SDPA wins at the first. Each probe attends
     ``PRODUCTS_PROBE_BATCH`` requests of random contexts between half the probed length and
-    all of it, on CPU tensors of ``dtype``; each side's time is its best of
-    ``repeats`` interleaved runs (the clock is read at the start, between the two and at
-    the end of each). The probing stops at the first loss."""
+    all of it, on CPU tensors of ``dtype``, timed by ``interleaved.beats`` (best of
+    ``repeats``, SDPA first). The probing stops at the first loss."""
     batch = PRODUCTS_PROBE_BATCH
     generator = torch.Generator().manual_seed(0)
     q = torch.rand(batch, num_kv_heads, group, head_dim, generator=generator).to(dtype)
@@ -284,15 +285,11 @@ def measure_products_max_len(
             visible = torch.arange(length)[None, :] < contexts[:, None]
             bias = score_bias(visible, num_kv_heads, dtype)
             mask = visible[:, None, None, :]
-            best_sdpa = best_products = float("inf")
-            for _ in range(repeats):
-                start = clock()
-                F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale)
-                middle = clock()
-                products_attention(q, keys, values, bias, scale)
-                best_sdpa = min(best_sdpa, middle - start)
-                best_products = min(best_products, clock() - middle)
-            if best_products >= best_sdpa:
+            products = partial(products_attention, q, keys, values, bias, scale)
+            sdpa = partial(
+                F.scaled_dot_product_attention, q, keys, values, attn_mask=mask, scale=scale
+            )
+            if not beats(products, sdpa, clock, repeats):
                 break
             longest_winning = length
             length *= 2

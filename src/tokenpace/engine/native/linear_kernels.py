@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from tokenpace.core.procfs import proc_field
+from tokenpace.engine.native.interleaved import beats
 
 Clock = Callable[[], float]
 # float32 bytes per converted block: small enough to stay in a core's L2 cache.
@@ -267,21 +268,16 @@ def _faster_than_torch(
     repeats: int,
 ) -> bool:
     """Whether ``product(xs)`` beats ``F.linear(x, weight)`` for each of ``weights`` in
-    turn, ``xs`` being ``rows`` random rows for each weight, each side's time its best of
-    ``repeats`` passes, the two interleaved (the clock is read at the start, between the
-    two and at the end of each repeat)."""
+    turn, ``xs`` being ``rows`` random rows for each weight, timed by
+    ``interleaved.beats`` (best of ``repeats`` passes, torch's first)."""
+
+    def torch_pass() -> None:
+        for x, weight in zip(xs, weights, strict=True):
+            F.linear(x, weight)
+
     with torch.inference_mode():
         xs = [
             torch.randn(rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
             for weight in weights
         ]
-        best_torch = best_other = float("inf")
-        for _ in range(repeats):
-            start = clock()
-            for x, weight in zip(xs, weights, strict=True):
-                F.linear(x, weight)
-            middle = clock()
-            product(xs)
-            best_torch = min(best_torch, middle - start)
-            best_other = min(best_other, clock() - middle)
-    return best_other < best_torch
+        return beats(lambda: product(xs), torch_pass, clock, repeats)
