@@ -23,7 +23,7 @@ from tokenpace.profiling.online import OnlineCalibrationConfig
 from tokenpace.server.worker.native_backend import StepLoopBackend
 from tokenpace.server.worker.wire import WorkItem
 
-pytestmark = [pytest.mark.native, pytest.mark.slow]
+pytestmark = [pytest.mark.native, pytest.mark.slow, pytest.mark.timing]
 
 # Stated bound: the live l_min is within 10% of its new level at most this many steps
 # after the engine slowed (the estimator's unit tests hold it to the same).
