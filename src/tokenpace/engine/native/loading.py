@@ -124,7 +124,8 @@ def load_gguf(gguf_path: Path, dtype: torch.dtype = torch.float32) -> tuple[Any,
 
 def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
     """Write ``gguf_path`` as a float32 safetensors directory at ``out_dir`` (atomic rename);
-    a directory already there is reused as is."""
+    a directory already there is reused as is. Processes converting at the same time each
+    write their own staging directory; the first rename wins and the others reuse it."""
     if (out_dir / "config.json").is_file():
         return out_dir
     model, tokenizer = load_gguf(gguf_path)
@@ -134,6 +135,10 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
         model.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
         staging.rename(out_dir)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+        if not (out_dir / "config.json").is_file():
+            raise
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
