@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from tokenpace.engine.native.interleaved import beats
+from tokenpace.engine.native.interleaved import Clock, beats
 
 
-def _clock(pairs: list[tuple[float, float]]) -> object:
+def _clock(pairs: list[tuple[float, float]]) -> Clock:
     """Per repeat, the baseline takes the first time and the candidate the second."""
     times: list[float] = []
     for baseline_s, candidate_s in pairs:
@@ -19,8 +19,8 @@ def test_each_side_is_judged_by_its_best_repeat() -> None:
     candidate, baseline = (lambda: calls.append("candidate")), (lambda: calls.append("baseline"))
     # The candidate is slower in two repeats of three, but its best (0.5) beats the
     # baseline's best (0.8).
-    assert beats(candidate, baseline, _clock([(1.0, 2.0), (0.8, 0.5), (0.9, 3.0)]), 3)  # type: ignore[arg-type]
+    assert beats(candidate, baseline, _clock([(1.0, 2.0), (0.8, 0.5), (0.9, 3.0)]), 3)
     assert calls == ["baseline", "candidate"] * 3
     # A tie is not a win.
-    assert not beats(candidate, baseline, _clock([(1.0, 1.0)]), 1)  # type: ignore[arg-type]
-    assert not beats(candidate, baseline, _clock([(1.0, 1.5), (0.7, 0.9)]), 2)  # type: ignore[arg-type]
+    assert not beats(candidate, baseline, _clock([(1.0, 1.0)]), 1)
+    assert not beats(candidate, baseline, _clock([(1.0, 1.5), (0.7, 0.9)]), 2)

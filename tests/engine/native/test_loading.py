@@ -4,6 +4,7 @@ workers, parallel test workers) convert at once: the first rename wins, the rest
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,12 +18,12 @@ class _Saved:
     """Stands in for a loaded model or tokenizer: ``save_pretrained`` writes one file, and
     ``meanwhile`` runs first (what another process does while this one saves)."""
 
-    def __init__(self, name: str, meanwhile: object = None) -> None:
+    def __init__(self, name: str, meanwhile: Callable[[], None] | None = None) -> None:
         self.name = name
         self.meanwhile = meanwhile
 
     def save_pretrained(self, directory: Path, **_: object) -> None:
-        if callable(self.meanwhile):
+        if self.meanwhile is not None:
             self.meanwhile()
         (Path(directory) / self.name).write_text("{}")
 

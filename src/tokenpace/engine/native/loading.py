@@ -135,13 +135,11 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
         model.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
         staging.rename(out_dir)
-    except OSError:
+    except BaseException as error:
         shutil.rmtree(staging, ignore_errors=True)
-        if not (out_dir / "config.json").is_file():
+        lost_the_race = isinstance(error, OSError) and (out_dir / "config.json").is_file()
+        if not lost_the_race:
             raise
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return out_dir
 
 
