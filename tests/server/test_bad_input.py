@@ -10,6 +10,8 @@ import pytest
 from tests.server.conftest import API_KEY, RunningServer
 from tests.server.helpers import MODEL
 
+pytestmark = pytest.mark.slow
+
 CASES = [
     ("completions", b"{not json", None),
     ("completions", {"model": MODEL, "prompt": "x", "max_tokens": 0}, "max_tokens"),

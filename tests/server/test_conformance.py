@@ -20,6 +20,8 @@ import pytest
 from tests.server.conftest import RunningServer
 from tests.server.helpers import MODEL
 
+pytestmark = pytest.mark.slow
+
 PROMPTS: dict[str, dict[str, Any]] = {
     "completions": {"prompt": "A short poem about the sea:"},
     "chat/completions": {"messages": [{"role": "user", "content": "Name three fruits."}]},

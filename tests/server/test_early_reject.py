@@ -13,6 +13,8 @@ from tests.server.helpers import MODEL, metric, wait_until_idle
 from tokenpace.server.main import Server, check_names
 from tokenpace.server.options import ServeOptions
 
+pytestmark = pytest.mark.slow
+
 REJECTED = "tokenpace:requests_rejected_early_total"
 
 

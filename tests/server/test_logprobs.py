@@ -14,6 +14,8 @@ from tests.server.conftest import RunningServer
 from tests.server.helpers import MODEL, sse_payloads
 from tests.server.reference_model import Reference, close
 
+pytestmark = pytest.mark.slow
+
 PROMPT = "The old lighthouse keeper climbed the stairs and"
 
 

@@ -18,6 +18,8 @@ import pytest
 from tests.server.conftest import RunningServer, start_server
 from tests.server.helpers import LONG, MODEL, metric, sse_payloads, stream_text, wait_for
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def migrating_server(native_profile: str) -> Iterator[RunningServer]:

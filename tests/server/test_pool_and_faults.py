@@ -23,6 +23,8 @@ from tests.server.helpers import (
     wait_for,
 )
 
+pytestmark = pytest.mark.slow
+
 BODY = {"model": MODEL, "prompt": "Hello", "max_tokens": 4, "temperature": 0}
 
 

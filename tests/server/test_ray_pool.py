@@ -93,13 +93,19 @@ def test_a_lost_node_moves_its_stream_and_the_container_returns_on_a_new_node(
 
 
 def test_vllm_engine_runs_as_an_actor_on_the_node_with_room(
-    ray_server: RunningServer, cluster: Any
+    ray_server: RunningServer, cluster: Any, native_profile: str
 ) -> None:
     pytest.importorskip("vllm", reason="needs the vllm extra (scripts/setup.sh vllm)")
     taken = set(warm_nodes(ray_server.url))
     add_node(cluster)
+    # The suite's float32 profile: the actor's engine skips its calibration at start.
     running = start_ray_pool(
-        cluster, engine="vllm", dtype="auto", max_model_len=512, kv_cache_tokens=8192
+        cluster,
+        engine="vllm",
+        dtype="float32",
+        profile=native_profile,
+        max_model_len=512,
+        kv_cache_tokens=8192,
     )
     try:
         (location,) = warm_nodes(running.url)

@@ -13,6 +13,8 @@ import pytest
 
 from tests.server.conftest import RunningServer, start_server
 
+pytestmark = pytest.mark.slow
+
 schemathesis = pytest.importorskip("schemathesis")
 hypothesis = pytest.importorskip("hypothesis")
 

@@ -12,8 +12,11 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.server.helpers import MODEL, sse_payloads
+
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 

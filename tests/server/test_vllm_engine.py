@@ -11,15 +11,25 @@ import pytest
 from tests.server.conftest import RunningServer, start_server
 from tests.server.helpers import MODEL, metric
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (setup.sh vllm)"
-)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (setup.sh vllm)"
+    ),
+]
 
 
 @pytest.fixture(scope="module")
-def vllm_server() -> Iterator[RunningServer]:
-    # auto: vLLM starts too slowly to load twice, so it follows the hardware rule.
-    running = start_server(engine="vllm", dtype="auto", max_model_len=512, kv_cache_tokens=8192)
+def vllm_server(native_profile: str) -> Iterator[RunningServer]:
+    # The suite's float32 profile instead of a calibration at start, which
+    # tests/server/worker/test_vllm_backend.py covers: a vLLM start is slow enough already.
+    running = start_server(
+        engine="vllm",
+        dtype="float32",
+        profile=native_profile,
+        max_model_len=512,
+        kv_cache_tokens=8192,
+    )
     yield running
     running.stop()
 

@@ -24,6 +24,8 @@ from tokenpace.server.worker.wire import (
 from tokenpace.server.worker_handle import WorkerGone
 from tokenpace.server.worker_process import WorkerProcess
 
+pytestmark = pytest.mark.slow
+
 
 def native_spec(profile: str) -> WorkerSpec:
     """A float32 engine that takes the suite's measured ``profile`` (no calibration)."""
