@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Set up .venv with everything the test suite needs, then run the whole suite.
 # With no arguments the suite runs in two phases: every test not marked `timing` on
-# TOKENPACE_TEST_WORKERS (default 2) parallel workers, then the `timing` tests (they assert on
-# measured step times, which another test running beside them would disturb) one at a time.
+# TOKENPACE_TEST_WORKERS (default 2) parallel workers, each test file on one worker and the
+# files holding `slow` tests handed out first (tests/conftest.py orders them), then the
+# `timing` tests (they assert on measured step times, which another test running beside them
+# would disturb) one at a time.
 # With arguments, pytest runs once with exactly those arguments (e.g. one file, or `-n 2`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,6 +23,6 @@ case "$workers" in
   ''|*[!0-9]*) echo "scripts/test.sh: TOKENPACE_TEST_WORKERS='$workers' is not a whole number" >&2; exit 2 ;;
 esac
 status=0
-.venv/bin/python -m pytest -n "$workers" --dist loadfile -m "not timing" || status=$?
+.venv/bin/python -m pytest -n "$workers" --dist loadfile --no-loadscope-reorder -m "not timing" || status=$?
 .venv/bin/python -m pytest -m timing || status=$((status ? status : $?))
 exit "$status"

@@ -23,3 +23,17 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"shared data folder {SHARED_DATA} is not present")
     return SHARED_DATA
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Put the files that hold a ``slow`` test first, each file's tests in their order.
+    pytest-xdist (``--dist loadfile``) hands files to its workers in this order, so the long
+    files start early and the workers finish together instead of one running a long file
+    alone at the end."""
+    slow_files = {_file_of(item) for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: _file_of(item) not in slow_files)
+
+
+def _file_of(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]
