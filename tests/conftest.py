@@ -31,9 +31,5 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     pytest-xdist (``--dist loadfile``) hands files to its workers in this order, so the long
     files start early and the workers finish together instead of one running a long file
     alone at the end."""
-    slow_files = {_file_of(item) for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: _file_of(item) not in slow_files)
-
-
-def _file_of(item: pytest.Item) -> str:
-    return item.nodeid.split("::", 1)[0]
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)

@@ -96,6 +96,19 @@ def start_server(**overrides: object) -> RunningServer:
     return RunningServer(f"http://127.0.0.1:{server.bound_port()}", built, server, thread)
 
 
+def vllm_server_settings(profile: str) -> dict[str, object]:
+    """``start_server`` overrides for a small vLLM container that plans from ``profile`` (a
+    float32 profile file) instead of calibrating at start, which
+    tests/server/worker/test_vllm_backend.py covers: a vLLM start is slow enough already."""
+    return {
+        "engine": "vllm",
+        "dtype": "float32",
+        "profile": profile,
+        "max_model_len": 512,
+        "kv_cache_tokens": 8192,
+    }
+
+
 @pytest.fixture(scope="session")
 def native_profile(tmp_path_factory: pytest.TempPathFactory) -> str:
     """The path of a float32 profile of the embedded model on this machine, measured once

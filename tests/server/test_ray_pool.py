@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.server.conftest import RunningServer
+from tests.server.conftest import RunningServer, vllm_server_settings
 from tests.server.helpers import (
     LONG,
     busy_container,
@@ -98,15 +98,7 @@ def test_vllm_engine_runs_as_an_actor_on_the_node_with_room(
     pytest.importorskip("vllm", reason="needs the vllm extra (scripts/setup.sh vllm)")
     taken = set(warm_nodes(ray_server.url))
     add_node(cluster)
-    # The suite's float32 profile: the actor's engine skips its calibration at start.
-    running = start_ray_pool(
-        cluster,
-        engine="vllm",
-        dtype="float32",
-        profile=native_profile,
-        max_model_len=512,
-        kv_cache_tokens=8192,
-    )
+    running = start_ray_pool(cluster, **vllm_server_settings(native_profile))
     try:
         (location,) = warm_nodes(running.url)
         assert location.startswith("ray node ") and location not in taken

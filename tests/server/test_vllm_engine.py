@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.server.conftest import RunningServer, start_server
+from tests.server.conftest import RunningServer, start_server, vllm_server_settings
 from tests.server.helpers import MODEL, metric
 
 pytestmark = [
@@ -21,15 +21,7 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def vllm_server(native_profile: str) -> Iterator[RunningServer]:
-    # The suite's float32 profile instead of a calibration at start, which
-    # tests/server/worker/test_vllm_backend.py covers: a vLLM start is slow enough already.
-    running = start_server(
-        engine="vllm",
-        dtype="float32",
-        profile=native_profile,
-        max_model_len=512,
-        kv_cache_tokens=8192,
-    )
+    running = start_server(**vllm_server_settings(native_profile))
     yield running
     running.stop()
 
