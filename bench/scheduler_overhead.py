@@ -1,6 +1,6 @@
 """Time TWP's and twp_slo's per-step decision with 10,000 waiting requests.
 
-Two snapshots, both with 10,000 waiting requests:
+Snapshots, all with 10,000 waiting requests:
 
 - ``full``: 256 running requests with most of their output budget left, so the token window
   (twp) and the request window (twp_slo) are full and the gate admits nobody: the common
@@ -10,6 +10,10 @@ Two snapshots, both with 10,000 waiting requests:
 - ``churn``: ``--churn-running`` (46) running requests mid-output: on the reference profile
   twp_slo's request window (about 48) has room for a few, the admitting step of a loaded
   server; twp's token window is full.
+- ``full_learned``: ``full`` planned by a policy that has learned output lengths from 512
+  finished requests (prompts 30-512 tokens, outputs 20/50/200; two prompt buckets with their
+  own curves), as a server has after its first minutes: K_t and the KV forecast then come
+  from the survival curves, not the ``max_tokens`` budgets of the snapshots above.
 
 The snapshots are fixed states, planned again and again. ``serving`` measures the same
 decision where it happens: a simulated server (reference profile) starts with ``--waiting``
@@ -31,7 +35,8 @@ snapshot carries the running requests' counters as columns the step loop keeps a
 JSON object on its last line: per policy and snapshot the p50/p99 (us) of both and the
 number admitted; the top-level ``decision_us_p50``, ``decision_us_p99`` and ``ratio``
 (= p50 / l_min, the share of a decode step the decision costs) are twp's on the ``full``
-snapshot.
+snapshot, ``learned_decision_us_p50`` and ``learned_decision_us_p99`` twp's on
+``full_learned``.
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ from tokenpace.core.step import StepPlan, StepState
 from tokenpace.engine.profile import EngineProfile, load_profile, shipped_profiles
 from tokenpace.metrics.slo import Slo
 from tokenpace.policy.base import Policy, build_policy
+from tokenpace.policy.twp.policy import TwpPolicy
 from tokenpace.policy.twp_slo.policy import TwpSloPolicy
 from tokenpace.sim.run import simulate
 from tokenpace.workload.spec import RequestSpec
@@ -129,6 +135,10 @@ def run(args: Settings) -> None:
         for name in POLICY_NAMES
         for label, snapshot in states.items()
     }
+    for name in POLICY_NAMES:
+        learned = build_policy(name, profile, Slo())
+        teach_output_lengths(learned, rng)
+        cases[(name, "full_learned")] = (learned, states["full"])
     wall: dict[tuple[str, str], list[float]] = {key: [] for key in cases}
     cpu: dict[tuple[str, str], list[float]] = {key: [] for key in cases}
     telemetry_cpu: dict[tuple[str, str], list[float]] = {key: [] for key in cases}
@@ -159,7 +169,7 @@ def run(args: Settings) -> None:
             "telemetry_cpu_us_p99": round(tel99, 1),
             "num_admitted": admitted[(name, label)],
         }
-        print(f"{name:8s} {label:5s} wall p50 {p50:6.0f} us p99 {p99:6.0f} us | "
+        print(f"{name:8s} {label:12s} wall p50 {p50:6.0f} us p99 {p99:6.0f} us | "
               f"cpu p50 {cpu50:6.0f} us p99 {cpu99:6.0f} us | "
               f"telemetry cpu p50 {tel50:5.0f} us p99 {tel99:5.0f} us | "
               f"admits {admitted[(name, label)]}")  # fmt: skip
@@ -194,6 +204,8 @@ def run(args: Settings) -> None:
         "running": args.running,
         "decision_us_p50": twp["decision_us_p50"],
         "decision_us_p99": twp["decision_us_p99"],
+        "learned_decision_us_p50": results["twp"]["full_learned"]["decision_us_p50"],
+        "learned_decision_us_p99": results["twp"]["full_learned"]["decision_us_p99"],
         "l_min_ms": profile.l_min_ms,
         "ratio": round(twp["decision_us_p50"] / 1000 / profile.l_min_ms, 5),
         "load_avg_1min": os.getloadavg()[0],
@@ -270,21 +282,28 @@ def serving_cpu_us(name: str, profile: EngineProfile, args: Settings) -> dict[st
     }
 
 
-def _forecast_cpu_us(
-    snapshot: StepState, profile: EngineProfile, num_iters: int, rng: np.random.Generator
-) -> tuple[float, float]:
-    """CPU time (p50, p99, us) of the KV reservation's occupancy forecast of the snapshot's
-    running batch, the work a step pays when its gate tests an admission against the KV
-    cache, with output lengths learned from 512 finished requests (20/50/200 tokens)."""
-    policy = build_policy("twp_slo", profile, Slo())
-    assert isinstance(policy, TwpSloPolicy)
-    finished = [Request(-1 - i, 100, 200, 0.0) for i in range(512)]
+def teach_output_lengths(policy: Policy, rng: np.random.Generator) -> None:
+    """Let ``policy`` (twp or twp_slo) learn output lengths from 512 finished requests
+    (prompts 30-512 tokens, outputs 20/50/200), as a server has after its first minutes."""
+    assert isinstance(policy, TwpPolicy | TwpSloPolicy)
+    finished = [Request(-1 - i, int(rng.integers(30, 513)), 200, 0.0) for i in range(512)]
     policy.expected.observe(finished, 0)
     for request in finished:
         request.token_times_s = [0.0] * int(rng.choice([20, 50, 200]))
         request.status = RequestStatus.FINISHED
         request.finish_reason = FinishReason.STOP
     policy.expected.observe([], 1)
+
+
+def _forecast_cpu_us(
+    snapshot: StepState, profile: EngineProfile, num_iters: int, rng: np.random.Generator
+) -> tuple[float, float]:
+    """CPU time (p50, p99, us) of the KV reservation's occupancy forecast of the snapshot's
+    running batch, the work a step pays when its gate tests an admission against the KV
+    cache, with output lengths learned as in ``teach_output_lengths``."""
+    policy = build_policy("twp_slo", profile, Slo())
+    assert isinstance(policy, TwpSloPolicy)
+    teach_output_lengths(policy, rng)
     columns = RunningColumns.of(snapshot.running)
     reservation = policy.reservation
     times = []

@@ -21,8 +21,11 @@ def test_snapshots_and_a_serving_run_are_timed_for_both_policies() -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert set(result["policies"]) == {"twp", "twp_slo"}
+    assert 0 < result["learned_decision_us_p50"] <= result["learned_decision_us_p99"]
     for name in ("twp", "twp_slo"):
-        assert set(result["policies"][name]) == {"full", "open", "churn"}
+        assert set(result["policies"][name]) == {"full", "open", "churn", "full_learned"}
+        # Learned lengths do not open the full window: nobody is admitted either way.
+        assert result["policies"][name]["full_learned"]["num_admitted"] == 0
         serving = result["serving"][name]
         # The server starts empty with 600 queued: its first steps admit, and the queue stays
         # long while the window fills and turns over.

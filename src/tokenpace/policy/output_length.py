@@ -41,6 +41,7 @@ import numpy.typing as npt
 
 from tokenpace.core.config import option, require_positive
 from tokenpace.core.request import FinishReason, Request, RequestStatus
+from tokenpace.policy.curve_stack import CurveIndex, CurveStack
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -142,20 +143,9 @@ class SurvivalCurve:
                 s[beyond] *= np.exp(-self.tail_hazard * (x[beyond] - self.tail_start))
         return s
 
-    def _at(self, x: IntArray) -> tuple[FloatArray, FloatArray]:
-        """S(x) and the sum of S(t) for t < x."""
-        inside = np.minimum(x, self.tail_start)
-        s_k = self.dense[inside]
-        area = self.cumulative[inside]
-        beyond = np.maximum(x - self.tail_start, 0).astype(np.float64)
-        h = self.tail_hazard
-        if h > 0:
-            area = area + s_k * (-np.expm1(-h * beyond)) / h
-            return s_k * np.exp(-h * beyond), area
-        return s_k, area + s_k * beyond
-
     def _at_one(self, x: int) -> tuple[float, float]:
-        """``_at`` of one length, in scalars (the same arithmetic, so the same values)."""
+        """S(x) and the sum of S(t) for t < x, in scalars (``CurveStack.at``'s arithmetic,
+        so the same values)."""
         inside = min(x, self.tail_start)
         s_k = float(self.dense[inside])
         area = float(self.cumulative[inside])
@@ -164,7 +154,7 @@ class SurvivalCurve:
         if h > 0:
             if beyond == 0.0:
                 return s_k, area
-            # numpy's exp and expm1, as ``_at`` evaluates them.
+            # numpy's exp and expm1, as ``CurveStack.at`` evaluates them.
             area = area + s_k * float(-np.expm1(-h * beyond)) / h
             return s_k * float(np.exp(-h * beyond)), area
         return s_k, area + s_k * beyond
@@ -174,14 +164,7 @@ class SurvivalCurve:
         request (``produced``, ``cap``: arrays of n) and each offset t >= 0; where
         S(produced) = 0 (beyond what the curve knows, without a tail) the request runs to
         its cap."""
-        s_o = self.survival_at(produced)
-        ahead = self.survival_at(produced[:, None] + offsets[None, :])
-        known = s_o > 0
-        scale = np.divide(1.0, s_o, out=np.zeros_like(s_o), where=known)
-        ratio = ahead * scale[:, None]
-        ratio[~known] = 1.0
-        result: FloatArray = ratio * (offsets[None, :] < (cap - produced)[:, None])
-        return result
+        return CurveStack.of((self,)).still_running(0, produced, cap, offsets)
 
     def still_running_one(self, produced: int, cap: int, offsets: IntArray) -> FloatArray:
         """``still_running`` of one request, as a row (the same values)."""
@@ -195,14 +178,7 @@ class SurvivalCurve:
 
     def remaining(self, produced: IntArray, cap: IntArray) -> FloatArray:
         """E[min(L, cap) - produced | L > produced]; ``cap - produced`` where S = 0."""
-        s_o, area_o = self._at(produced)
-        _, area_m = self._at(cap)
-        budget = (cap - produced).astype(np.float64)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            expected = np.where(s_o > 0, (area_m - area_o) / s_o, budget)
-        # Rounding only: the sum is within [S(o), (m - o) S(o)].
-        result: FloatArray = np.clip(expected, 1.0, np.maximum(budget, 1.0))
-        return result
+        return CurveStack.of((self,)).remaining(0, produced, cap)
 
     def remaining_one(self, produced: int, cap: int) -> float:
         """``remaining`` of one request, in scalars: the same value, without the cost of
@@ -213,6 +189,11 @@ class SurvivalCurve:
         expected = (area_m - area_o) / s_o if s_o > 0 else budget
         return min(max(expected, 1.0), max(budget, 1.0))
 
+
+# Batches up to this many requests are estimated in one pass over the stacked curves; larger
+# ones (a long waiting queue) curve by curve, where reading each element's curve would cost
+# more than the operations saved.
+_STACKED_MAX = 1024
 
 # Lengths up to this are counted in a table (``np.bincount``); longer ones are sorted.
 _COUNT_TABLE_MAX = 1 << 16
@@ -380,6 +361,8 @@ class OutputLengthEstimator:
         self._tracked: dict[int, _Tracked] = {}
         self._curves: list[SurvivalCurve | None] = [None] * num_buckets
         self._pooled_curve: SurvivalCurve | None = None
+        # The curves stacked for batch estimates (``_stacked``), None until first read.
+        self._stack: tuple[CurveStack, IntArray, FloatArray] | None = None
         # The last refit's inputs until a reader asks for the curves (``_fit_due``): the
         # running requests' produced and prompt tokens, the pooled and the buckets' lengths.
         self._due: tuple[IntArray, IntArray, IntArray, list[IntArray]] | None = None
@@ -453,16 +436,53 @@ class OutputLengthEstimator:
     def remaining(self, prompts: IntArray, produced: IntArray, caps: IntArray) -> FloatArray:
         """Expected remaining output tokens of requests with these prompt lengths, tokens
         produced and ``max_tokens`` caps (arrays of equal length)."""
-        budget: FloatArray = np.maximum(caps - produced, 1).astype(np.float64)
         self._fit_due()
-        pooled = self._pooled_curve
-        if pooled is None or not len(prompts):
+        if self._pooled_curve is None or not len(prompts):
+            budget: FloatArray = np.maximum(caps - produced, 1).astype(np.float64)
             return budget
-        estimate = pooled.remaining(produced, caps)
-        if any(c is not None for c in self._curves):
-            buckets = np.searchsorted(self._edges, prompts, side="right")
-            self._blend(estimate, buckets, lambda c, at: c.remaining(produced[at], caps[at]))
-        return estimate
+        buckets = np.searchsorted(self._edges, prompts, side="right")
+        return self._blended(buckets, produced, caps, CurveStack.remaining)
+
+    def _blended(
+        self,
+        buckets: IntArray,
+        produced: IntArray,
+        caps: IntArray,
+        figure: Callable[[CurveStack, CurveIndex, IntArray, IntArray], FloatArray],
+    ) -> FloatArray:
+        """``figure`` of requests in prompt buckets ``buckets`` with these tokens produced
+        and caps, on the pooled curve blended with the bucket's own by weight n / (n +
+        prior_weight): one pass over the stacked curves, the pooled one for every request
+        and the bucket's for those whose bucket has a curve."""
+        stack, stack_index, weights = self._stacked()
+        n = len(produced)
+        if not self._bucketed:
+            return figure(stack, 0, produced, caps)
+        if n > _STACKED_MAX:
+            # Curve by curve: reading each element's curve from the stack would cost more
+            # than the few operations per curve it saves.
+            result = figure(stack, 0, produced, caps)
+            for b, index in enumerate(stack_index.tolist()):
+                at = np.flatnonzero(buckets == b) if index else ()
+                if len(at):
+                    own = figure(stack, index, produced[at], caps[at])
+                    weight = float(weights[b])
+                    result[at] = weight * own + (1.0 - weight) * result[at]
+            return result
+        own_index = stack_index[buckets]
+        blended = np.flatnonzero(own_index)
+        values = figure(
+            stack,
+            np.concatenate((_zeros(n), own_index[blended])),
+            np.concatenate((produced, produced[blended])),
+            np.concatenate((caps, caps[blended])),
+        )
+        result = values[:n]
+        weight_of = weights[buckets[blended]]
+        if values.ndim > 1:
+            weight_of = weight_of[:, None]
+        result[blended] = weight_of * values[n:] + (1.0 - weight_of) * result[blended]
+        return result
 
     def still_running(
         self, prompts: IntArray, produced: IntArray, caps: IntArray, offsets: IntArray
@@ -483,10 +503,12 @@ class OutputLengthEstimator:
         )
         grid = StillRunning.group(produced, caps, grid_step(offsets), len(offsets), bucket)
         rep_produced, rep_caps, rep_bucket = grid.representatives
-        rows = pooled.still_running(rep_produced, rep_caps, offsets)
-        self._blend(
-            rows, rep_bucket, lambda c, at: c.still_running(rep_produced[at], rep_caps[at], offsets)
-        )
+        rows = self._blended(
+            rep_bucket, rep_produced, rep_caps,
+            lambda stack, curve, at_produced, at_cap: stack.still_running(
+                curve, at_produced, at_cap, offsets
+            ),
+        )  # fmt: skip
         return StillRunning(rows, grid.row_of, grid.representatives)
 
     def still_running_row(
@@ -526,27 +548,10 @@ class OutputLengthEstimator:
             self._rows[key] = row
         return row
 
-    def _blend(
-        self,
-        pooled: FloatArray,
-        buckets: IntArray,
-        own: Callable[[SurvivalCurve, IntArray], FloatArray],
-    ) -> None:
-        """Blend, in place, each row of ``pooled`` (the pooled curve's figures) with its
-        prompt bucket's own (``own(curve, rows)``), by weight n / (n + prior_weight)."""
-        for b, curve in enumerate(self._curves):
-            if curve is None:
-                continue
-            at = np.flatnonzero(buckets == b)
-            if not len(at):
-                continue
-            weight = self._weight(curve)
-            pooled[at] = weight * own(curve, at) + (1.0 - weight) * pooled[at]
-
     def _blend_one(
         self, bucket: int, pooled: _Blended, own: Callable[[SurvivalCurve], _Blended]
     ) -> _Blended:
-        """``_blend`` of one request in prompt bucket ``bucket`` (a ``_bucket_key``):
+        """``_blended`` of one request in prompt bucket ``bucket`` (a ``_bucket_key``):
         ``pooled`` (the pooled curve's figure) blended with ``own(curve)``, the bucket
         curve's, by the same arithmetic; ``pooled`` when the bucket has no curve."""
         curve = self._curves[bucket] if self._bucketed else None
@@ -669,6 +674,30 @@ class OutputLengthEstimator:
                 SurvivalCurve.fit(events, produced[buckets == b], tail) if len(events) else None
             )
         self._bucketed = any(c is not None for c in self._curves)
+        self._stack = None
+
+    def _stacked(self) -> tuple[CurveStack, IntArray, FloatArray]:
+        """The fitted curves stacked, built when first read after a fit (a policy that
+        reads one request at a time never pays for it): the pooled curve is the stack's
+        0, each bucket's own curve follows; per bucket, its curve's index in the stack (0:
+        it has none) and its blend weight."""
+        if self._stack is not None:
+            return self._stack
+        assert self._pooled_curve is not None, "stacked only once a curve is fitted"
+        own_curves: list[SurvivalCurve] = []
+        stack_index = np.zeros(len(self._curves), dtype=np.int64)
+        weights = np.zeros(len(self._curves))
+        for b, curve in enumerate(self._curves):
+            if curve is not None:
+                own_curves.append(curve)
+                stack_index[b] = len(own_curves)
+                weights[b] = self._weight(curve)
+        self._stack = (CurveStack.of([self._pooled_curve, *own_curves]), stack_index, weights)
+        return self._stack
+
+
+def _zeros(n: int) -> IntArray:
+    return np.zeros(n, dtype=np.int64)
 
 
 def ints_of(*values: int) -> IntArray:
