@@ -452,8 +452,8 @@ class OutputLengthEstimator:
     ) -> FloatArray:
         """``figure`` of requests in prompt buckets ``buckets`` with these tokens produced
         and caps, on the pooled curve blended with the bucket's own by weight n / (n +
-        prior_weight): one pass over the stacked curves, the pooled one for every request
-        and the bucket's for those whose bucket has a curve."""
+        prior_weight): one pass over the stacked curves, each request on the pooled curve
+        and on its bucket's."""
         stack, stack_index, weights = self._stacked()
         n = len(produced)
         if not self._bucketed:
@@ -469,20 +469,19 @@ class OutputLengthEstimator:
                     weight = float(weights[b])
                     result[at] = weight * own + (1.0 - weight) * result[at]
             return result
-        own_index = stack_index[buckets]
-        blended = np.flatnonzero(own_index)
+        # Every request on both curves: one whose bucket has none reads the pooled curve
+        # twice with weight 0, which leaves the pooled figure as it is (0 x own + pooled).
         values = figure(
             stack,
-            np.concatenate((_zeros(n), own_index[blended])),
-            np.concatenate((produced, produced[blended])),
-            np.concatenate((caps, caps[blended])),
+            np.concatenate((_zeros(n), stack_index[buckets])),
+            np.concatenate((produced, produced)),
+            np.concatenate((caps, caps)),
         )
-        result = values[:n]
-        weight_of = weights[buckets[blended]]
+        weight_of = weights[buckets]
         if values.ndim > 1:
             weight_of = weight_of[:, None]
-        result[blended] = weight_of * values[n:] + (1.0 - weight_of) * result[blended]
-        return result
+        blended: FloatArray = weight_of * values[n:] + (1.0 - weight_of) * values[:n]
+        return blended
 
     def still_running(
         self, prompts: IntArray, produced: IntArray, caps: IntArray, offsets: IntArray
