@@ -36,7 +36,9 @@ JSON object on its last line: per policy and snapshot the p50/p99 (us) of both a
 number admitted; the top-level ``decision_us_p50``, ``decision_us_p99`` and ``ratio``
 (= p50 / l_min, the share of a decode step the decision costs) are twp's on the ``full``
 snapshot, ``learned_decision_us_p50`` and ``learned_decision_us_p99`` twp's on
-``full_learned``.
+``full_learned``; ``reference_cpu_us_p50`` and ``reference_cpu_us_p99`` time a fixed piece
+of pure-Python work between the plans (``reference_work``): its p99 / p50 is the machine's
+own, which no decision's can be below.
 """
 
 from __future__ import annotations
@@ -143,6 +145,7 @@ def run(args: Settings) -> None:
     cpu: dict[tuple[str, str], list[float]] = {key: [] for key in cases}
     telemetry_cpu: dict[tuple[str, str], list[float]] = {key: [] for key in cases}
     admitted: dict[tuple[str, str], int] = {}
+    reference_cpu: list[float] = []
     for _ in range(args.num_iters):
         for key, (policy, snapshot) in cases.items():
             start, start_cpu = time.perf_counter(), time.thread_time()
@@ -153,6 +156,9 @@ def run(args: Settings) -> None:
             start_cpu = time.thread_time()
             dict(policy.telemetry())
             telemetry_cpu[key].append(time.thread_time() - start_cpu)
+        start_cpu = time.thread_time()
+        reference_work()
+        reference_cpu.append(time.thread_time() - start_cpu)
     results: dict[str, dict[str, dict[str, float]]] = {name: {} for name in POLICY_NAMES}
     for (name, label), times in wall.items():
         p50, p99 = (float(np.percentile(times, q)) * 1e6 for q in (50, 99))
@@ -174,6 +180,10 @@ def run(args: Settings) -> None:
               f"telemetry cpu p50 {tel50:5.0f} us p99 {tel99:5.0f} us | "
               f"admits {admitted[(name, label)]}")  # fmt: skip
     twp = results["twp"]["full"]
+    reference_p50, reference_p99 = (float(np.percentile(reference_cpu, q)) * 1e6 for q in (50, 99))
+    spread = reference_p99 / reference_p50
+    print(f"reference (fixed pure-Python work) cpu p50 {reference_p50:6.0f} us p99 "
+          f"{reference_p99:6.0f} us: the machine's own p99 / p50 {spread:.2f}")  # fmt: skip
     # The step loop's share of the running state: turning the columns it keeps across steps
     # (RunningBatch) into the snapshot's arrays, which the decision timed above reads.
     batch = RunningBatch()
@@ -211,6 +221,8 @@ def run(args: Settings) -> None:
         "load_avg_1min": os.getloadavg()[0],
         "num_cpus": os.cpu_count(),
         "policies": results,
+        "reference_cpu_us_p50": round(reference_p50, 1),
+        "reference_cpu_us_p99": round(reference_p99, 1),
         "loop_columns_cpu_us_p50": round(columns_p50, 1),
         "loop_columns_cpu_us_p99": round(columns_p99, 1),
         "kv_forecast_cpu_us_p50": round(forecast_p50, 1),
@@ -218,6 +230,17 @@ def run(args: Settings) -> None:
         "serving": serving,
     }
     print(json.dumps(summary))
+
+
+def reference_work() -> int:
+    """A fixed piece of pure-Python work (about the full snapshot's decision on a 2-core
+    cloud CPU), timed between the policies' plans: the same instructions every call, so the
+    spread of its times is the machine's (interrupts, caches the other cases evict, a
+    neighbour's load), the floor any decision's p99 / p50 sits on."""
+    total = 0
+    for i in range(700):
+        total += i * i
+    return total
 
 
 class _Enough(Exception):

@@ -22,6 +22,7 @@ def test_snapshots_and_a_serving_run_are_timed_for_both_policies() -> None:
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert set(result["policies"]) == {"twp", "twp_slo"}
     assert 0 < result["learned_decision_us_p50"] <= result["learned_decision_us_p99"]
+    assert 0 < result["reference_cpu_us_p50"] <= result["reference_cpu_us_p99"]
     for name in ("twp", "twp_slo"):
         assert set(result["policies"][name]) == {"full", "open", "churn", "full_learned"}
         # Learned lengths do not open the full window: nobody is admitted either way.
