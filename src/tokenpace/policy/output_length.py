@@ -440,7 +440,7 @@ class OutputLengthEstimator:
         if self._pooled_curve is None or not len(prompts):
             budget: FloatArray = np.maximum(caps - produced, 1).astype(np.float64)
             return budget
-        buckets = np.searchsorted(self._edges, prompts, side="right")
+        buckets = np.searchsorted(self._edges, prompts, side="right") if self._bucketed else prompts
         return self._blended(buckets, produced, caps, CurveStack.remaining)
 
     def _blended(
@@ -453,7 +453,7 @@ class OutputLengthEstimator:
         """``figure`` of requests in prompt buckets ``buckets`` with these tokens produced
         and caps, on the pooled curve blended with the bucket's own by weight n / (n +
         prior_weight): one pass over the stacked curves, each request on the pooled curve
-        and on its bucket's."""
+        and on its bucket's. ``buckets`` is not read while no bucket has a curve."""
         stack, stack_index, weights = self._stacked()
         n = len(produced)
         if not self._bucketed:
