@@ -464,16 +464,17 @@ class OutputLengthEstimator:
             result = figure(stack, 0, produced, caps)
             for b, index in enumerate(stack_index.tolist()):
                 at = np.flatnonzero(buckets == b) if index else ()
-                if len(at):
-                    own = figure(stack, index, produced[at], caps[at])
-                    weight = float(weights[b])
-                    result[at] = weight * own + (1.0 - weight) * result[at]
+                if not len(at):
+                    continue
+                own = figure(stack, index, produced[at], caps[at])
+                weight = float(weights[b])
+                result[at] = weight * own + (1.0 - weight) * result[at]
             return result
         # Every request on both curves: one whose bucket has none reads the pooled curve
         # twice with weight 0, which leaves the pooled figure as it is (0 x own + pooled).
         values = figure(
             stack,
-            np.concatenate((_zeros(n), stack_index[buckets])),
+            np.concatenate((np.zeros(n, dtype=np.int64), stack_index[buckets])),
             np.concatenate((produced, produced)),
             np.concatenate((caps, caps)),
         )
@@ -497,7 +498,7 @@ class OutputLengthEstimator:
             return StillRunning.to_caps(produced, caps, offsets)
         bucket = (
             np.searchsorted(self._edges, prompts, side="right")
-            if any(c is not None for c in self._curves)
+            if self._bucketed
             else np.zeros(len(prompts), dtype=np.int64)
         )
         grid = StillRunning.group(produced, caps, grid_step(offsets), len(offsets), bucket)
@@ -693,10 +694,6 @@ class OutputLengthEstimator:
                 weights[b] = self._weight(curve)
         self._stack = (CurveStack.of([self._pooled_curve, *own_curves]), stack_index, weights)
         return self._stack
-
-
-def _zeros(n: int) -> IntArray:
-    return np.zeros(n, dtype=np.int64)
 
 
 def ints_of(*values: int) -> IntArray:
