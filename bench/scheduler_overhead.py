@@ -13,7 +13,10 @@ Snapshots, all with 10,000 waiting requests:
 - ``full_learned``: ``full`` planned by a policy that has learned output lengths from 512
   finished requests (prompts 30-512 tokens, outputs 20/50/200; two prompt buckets with their
   own curves), as a server has after its first minutes: K_t and the KV forecast then come
-  from the survival curves, not the ``max_tokens`` budgets of the snapshots above.
+  from the survival curves, not the ``max_tokens`` budgets of the snapshots above. K_t's
+  estimates run in one compiled loop (``tokenpace.policy.curve_kernel``) where numba is
+  installed (``compiled_estimates``); twp's ``full_learned_numpy`` plans the same state with
+  them in numpy, for the ratio in one run.
 
 The snapshots are fixed states, planned again and again. ``serving`` measures the same
 decision where it happens: a simulated server (reference profile) starts with ``--waiting``
@@ -36,7 +39,8 @@ JSON object on its last line: per policy and snapshot the p50/p99 (us) of both a
 number admitted; the top-level ``decision_us_p50``, ``decision_us_p99`` and ``ratio``
 (= p50 / l_min, the share of a decode step the decision costs) are twp's on the ``full``
 snapshot, ``learned_decision_us_p50`` and ``learned_decision_us_p99`` twp's on
-``full_learned``; ``reference_cpu_us_p50`` and ``reference_cpu_us_p99`` time a fixed piece
+``full_learned`` (``learned_numpy_decision_us_*`` on ``full_learned_numpy``);
+``reference_cpu_us_p50`` and ``reference_cpu_us_p99`` time a fixed piece
 of pure-Python work between the plans (``reference_work``): its p99 / p50 is the machine's
 own, which no decision's can be below.
 """
@@ -44,11 +48,12 @@ own, which no decision's can be below.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 import numpy as np
@@ -62,6 +67,8 @@ from tokenpace.core.step import StepPlan, StepState
 from tokenpace.engine.profile import EngineProfile, load_profile, shipped_profiles
 from tokenpace.metrics.slo import Slo
 from tokenpace.policy.base import Policy, build_policy
+from tokenpace.policy.output_length import OutputLengthEstimator
+from tokenpace.policy.twp.config import TwpConfig
 from tokenpace.policy.twp.policy import TwpPolicy
 from tokenpace.policy.twp_slo.policy import TwpSloPolicy
 from tokenpace.sim.run import simulate
@@ -137,10 +144,18 @@ def run(args: Settings) -> None:
         for name in POLICY_NAMES
         for label, snapshot in states.items()
     }
+    # twp's full_learned again, its batch estimates in numpy instead of the compiled loop
+    # (the same lessons: twp learns first, from the generator as it is now).
+    config = TwpConfig.from_profile(profile)
+    numpy_twp = TwpPolicy(
+        replace(config, output_lengths=replace(config.output_lengths, compiled=False))
+    )
+    teach_output_lengths(numpy_twp, copy.deepcopy(rng))
     for name in POLICY_NAMES:
         learned = build_policy(name, profile, Slo())
         teach_output_lengths(learned, rng)
         cases[(name, "full_learned")] = (learned, states["full"])
+    cases[("twp", "full_learned_numpy")] = (numpy_twp, states["full"])
     wall: dict[tuple[str, str], list[float]] = {key: [] for key in cases}
     cpu: dict[tuple[str, str], list[float]] = {key: [] for key in cases}
     telemetry_cpu: dict[tuple[str, str], list[float]] = {key: [] for key in cases}
@@ -216,6 +231,9 @@ def run(args: Settings) -> None:
         "decision_us_p99": twp["decision_us_p99"],
         "learned_decision_us_p50": results["twp"]["full_learned"]["decision_us_p50"],
         "learned_decision_us_p99": results["twp"]["full_learned"]["decision_us_p99"],
+        "learned_numpy_decision_us_p50": results["twp"]["full_learned_numpy"]["decision_us_p50"],
+        "learned_numpy_decision_us_p99": results["twp"]["full_learned_numpy"]["decision_us_p99"],
+        "compiled_estimates": _estimator(cases[("twp", "full_learned")][0]).compiled,
         "l_min_ms": profile.l_min_ms,
         "ratio": round(twp["decision_us_p50"] / 1000 / profile.l_min_ms, 5),
         "load_avg_1min": os.getloadavg()[0],
@@ -230,6 +248,11 @@ def run(args: Settings) -> None:
         "serving": serving,
     }
     print(json.dumps(summary))
+
+
+def _estimator(policy: Policy) -> OutputLengthEstimator:
+    assert isinstance(policy, TwpPolicy | TwpSloPolicy)
+    return policy.expected.estimator
 
 
 def reference_work() -> int:

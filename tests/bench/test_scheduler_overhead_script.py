@@ -23,8 +23,16 @@ def test_snapshots_and_a_serving_run_are_timed_for_both_policies() -> None:
     assert set(result["policies"]) == {"twp", "twp_slo"}
     assert 0 < result["learned_decision_us_p50"] <= result["learned_decision_us_p99"]
     assert 0 < result["reference_cpu_us_p50"] <= result["reference_cpu_us_p99"]
+    assert result["compiled_estimates"] is True
+    assert 0 < result["learned_numpy_decision_us_p50"] <= result["learned_numpy_decision_us_p99"]
+    # The numpy twin plans the same state as the compiled twp: the same decision.
+    twp_plans = result["policies"]["twp"]
+    assert (
+        twp_plans["full_learned_numpy"]["num_admitted"] == twp_plans["full_learned"]["num_admitted"]
+    )
     for name in ("twp", "twp_slo"):
-        assert set(result["policies"][name]) == {"full", "open", "churn", "full_learned"}
+        snapshots = {"full", "open", "churn", "full_learned"}
+        assert set(result["policies"][name]) - {"full_learned_numpy"} == snapshots
         # Learned lengths do not open the full window: nobody is admitted either way.
         assert result["policies"][name]["full_learned"]["num_admitted"] == 0
         serving = result["serving"][name]

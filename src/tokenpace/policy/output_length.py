@@ -68,6 +68,9 @@ class OutputLengthConfig:
     extrapolate_tail: bool = option(
         True, "Beyond the longest length seen, survivors finish at the hazard seen so far."
     )
+    compiled: bool = option(
+        True, "Batch estimates in one compiled loop (numba) where numba is installed."
+    )
 
     def __post_init__(self) -> None:
         require_positive(self, "window", "prior_weight", "refresh_steps", "error_ema")
@@ -378,6 +381,13 @@ class OutputLengthEstimator:
         # smallest_fresh's values since the last refit, per smallest cap.
         self._smallest_fresh: dict[int, float] = {}
         self._row_grid = (0, 0)
+        self._kernel = _compiled_remaining() if config.compiled else None
+
+    @property
+    def compiled(self) -> bool:
+        """Whether batch estimates (``remaining``) run in the compiled loop
+        (``tokenpace.policy.curve_kernel``) rather than in numpy: the same values."""
+        return self._kernel is not None
 
     @property
     def num_observed(self) -> int:
@@ -440,6 +450,11 @@ class OutputLengthEstimator:
         if self._pooled_curve is None or not len(prompts):
             budget: FloatArray = np.maximum(caps - produced, 1).astype(np.float64)
             return budget
+        if self._kernel is not None:
+            stack, stack_index, weights = self._stacked()
+            return self._kernel(
+                stack, stack_index, weights, self._edges, self._bucketed, prompts, produced, caps
+            )
         buckets = np.searchsorted(self._edges, prompts, side="right") if self._bucketed else prompts
         return self._blended(buckets, produced, caps, CurveStack.remaining)
 
@@ -694,6 +709,21 @@ class OutputLengthEstimator:
                 weights[b] = self._weight(curve)
         self._stack = (CurveStack.of([self._pooled_curve, *own_curves]), stack_index, weights)
         return self._stack
+
+
+_BlendedRemaining = Callable[
+    [CurveStack, IntArray, FloatArray, IntArray, bool, IntArray, IntArray, IntArray], FloatArray
+]
+
+
+def _compiled_remaining() -> _BlendedRemaining | None:
+    """The compiled batch estimate, None where numba is not installed. Its module compiles
+    the loop (or loads it from numba's cache) on its first import."""
+    try:
+        from tokenpace.policy.curve_kernel import blended_remaining
+    except ImportError:
+        return None
+    return blended_remaining
 
 
 def ints_of(*values: int) -> IntArray:

@@ -1,0 +1,72 @@
+"""The compiled batch estimate gives the numpy path's values: to the last bit without an
+extrapolated tail, within rounding of ``exp`` on one."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.helpers import running
+from tests.policy.test_output_length import finish
+from tokenpace.policy.output_length import OutputLengthConfig, OutputLengthEstimator
+
+
+def _taught(compiled: bool, extrapolate: bool) -> OutputLengthEstimator:
+    """An estimator that has seen the same 150 finished requests and 50 still running: the
+    buckets below 100 and 100-300 tokens have curves of their own, 300-2,000 has a handful
+    of requests and >= 2,000 none (the pooled curve alone)."""
+    config = OutputLengthConfig(
+        bucket_edges=(100, 300, 2000), prior_weight=8, extrapolate_tail=extrapolate,
+        compiled=compiled,
+    )  # fmt: skip
+    return _teach(OutputLengthEstimator(config))
+
+
+def _teach(estimator: OutputLengthEstimator) -> OutputLengthEstimator:
+    rng = np.random.default_rng(11)
+    batch = [running(i, int(rng.integers(10, 700)), 600, 1) for i in range(200)]
+    estimator.observe(batch, 0)
+    for r in batch[:150]:
+        finish(r, int(rng.integers(1, 250)))
+    for r in batch[150:]:
+        r.token_times_s = [0.0] * int(rng.integers(1, 400))  # some outlive every finish
+    estimator.observe(batch[150:], 1)
+    return estimator
+
+
+@pytest.mark.parametrize("extrapolate", [False, True])
+def test_the_compiled_loop_gives_the_numpy_estimates(extrapolate: bool) -> None:
+    numpy_path, compiled = _taught(False, extrapolate), _taught(True, extrapolate)
+    assert compiled.compiled and not numpy_path.compiled
+    rng = np.random.default_rng(12)
+    for n in (1, 7, 256, 3000):  # 3000: the numpy path goes curve by curve
+        prompts = rng.integers(10, 3000, n)
+        produced = rng.integers(0, 600, n)  # inside the curves and beyond their T
+        caps = produced + rng.integers(1, 900, n)
+        expected = numpy_path.remaining(prompts, produced, caps)
+        got = compiled.remaining(prompts, produced, caps)
+        if extrapolate:
+            # exp and expm1 may be numpy's own vector code on one side, the C library's on
+            # the other: the last bit of a tail's value may differ.
+            np.testing.assert_allclose(got, expected, rtol=1e-12, atol=0)
+        else:
+            np.testing.assert_array_equal(got, expected)
+    # Strided views are read as the same values (copied into the loop's contiguous input).
+    assert np.allclose(
+        compiled.remaining(prompts[::2], produced[::2], caps[::2]), expected[::2],
+        rtol=1e-12, atol=0,
+    )  # fmt: skip
+
+
+def test_the_compiled_loop_blends_each_bucket_with_the_pooled_curve() -> None:
+    estimator = _taught(True, True)
+    produced, caps = np.full(4, 30), np.full(4, 600)
+    # One prompt per bucket: each of the first three has its own curve, the last reads the
+    # pooled curve alone, which is what an estimator without buckets gives.
+    by_bucket = estimator.remaining(np.array([50, 200, 1000, 2500]), produced, caps)
+    assert len(set(by_bucket.tolist())) == 4
+    # One bucket for every prompt: its curve is the pooled one, so the blend is too.
+    pooled_only = _teach(OutputLengthEstimator(OutputLengthConfig(bucket_edges=(100_000,))))
+    assert pooled_only.remaining(np.array([2500]), produced[:1], caps[:1])[0] == pytest.approx(
+        by_bucket[3], rel=1e-12
+    )
