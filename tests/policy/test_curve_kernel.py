@@ -11,7 +11,7 @@ from tests.policy.test_output_length import finish
 from tokenpace.policy.output_length import OutputLengthConfig, OutputLengthEstimator
 
 
-def _taught(compiled: bool, extrapolate: bool) -> OutputLengthEstimator:
+def taught(compiled: bool, extrapolate: bool) -> OutputLengthEstimator:
     """An estimator that has seen the same 150 finished requests and 50 still running: the
     buckets below 100 and 100-300 tokens have curves of their own, 300-2,000 has a handful
     of requests and >= 2,000 none (the pooled curve alone)."""
@@ -36,7 +36,7 @@ def _teach(estimator: OutputLengthEstimator) -> OutputLengthEstimator:
 
 @pytest.mark.parametrize("extrapolate", [False, True])
 def test_the_compiled_loop_gives_the_numpy_estimates(extrapolate: bool) -> None:
-    numpy_path, compiled = _taught(False, extrapolate), _taught(True, extrapolate)
+    numpy_path, compiled = taught(False, extrapolate), taught(True, extrapolate)
     assert compiled.compiled and not numpy_path.compiled
     rng = np.random.default_rng(12)
     for n in (1, 7, 256, 3000):  # 3000: the numpy path goes curve by curve
@@ -59,7 +59,7 @@ def test_the_compiled_loop_gives_the_numpy_estimates(extrapolate: bool) -> None:
 
 
 def test_the_compiled_loop_blends_each_bucket_with_the_pooled_curve() -> None:
-    estimator = _taught(True, True)
+    estimator = taught(True, True)
     produced, caps = np.full(4, 30), np.full(4, 600)
     # One prompt per bucket: each of the first three has its own curve, the last reads the
     # pooled curve alone, which is what an estimator without buckets gives.

@@ -4,6 +4,7 @@ conversion dependencies are not installed."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,6 +19,7 @@ from tests.engine.vllm.model import (
     set_vllm_environment,
 )
 from tokenpace.engine.vllm.config import VllmEngineConfig
+from tokenpace.engine.vllm.start import shield_llvmlite_from_kernel_scan
 
 
 @pytest.fixture(scope="session")
@@ -39,6 +41,9 @@ def vllm_llm() -> Iterator[Any]:
             kv_cache_memory_bytes=KV_CACHE_BYTES,
             dtype=DTYPE,  # KV_CACHE_BYTES is sized for it
         )
+        # As in a process that has built a policy: numba loaded before the engine starts.
+        importlib.import_module("tokenpace.policy.curve_kernel")
+        shield_llvmlite_from_kernel_scan()
         llm = LLM(**config.llm_kwargs())
         yield llm
         llm.llm_engine.engine_core.shutdown()

