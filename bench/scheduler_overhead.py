@@ -25,6 +25,9 @@ its first ``--serving-steps`` steps is timed (thread CPU time): from the empty b
 admissions through the full window's steady churn, every step as the step loop asks for it
 (``serving_cpu_us_*`` over all steps, ``admitting_cpu_us_*`` over those that admitted, and
 the steps' mean waiting and running counts).
+``serving_uncompiled`` repeats it with the policies' compiled loops switched off
+(``uncompiled_policy``: output-length estimates in numpy, twp_slo's Moore-Hodgson deferrals
+walked in Python; the same decisions), for their ratio in one run.
 
 Each policy plans each snapshot ``--num-iters`` times, interleaved so that machine noise falls
 on all of them alike. Each call is timed twice: wall clock (``decision_us_*``, what a step
@@ -70,6 +73,7 @@ from tokenpace.policy.base import Policy, build_policy
 from tokenpace.policy.output_length import OutputLengthEstimator
 from tokenpace.policy.twp.config import TwpConfig
 from tokenpace.policy.twp.policy import TwpPolicy
+from tokenpace.policy.twp_slo.config import TwpSloConfig
 from tokenpace.policy.twp_slo.policy import TwpSloPolicy
 from tokenpace.sim.run import simulate
 from tokenpace.workload.spec import RequestSpec
@@ -146,10 +150,7 @@ def run(args: Settings) -> None:
     }
     # twp's full_learned again, its batch estimates in numpy instead of the compiled loop
     # (the same lessons: twp learns first, from the generator as it is now).
-    config = TwpConfig.from_profile(profile)
-    numpy_twp = TwpPolicy(
-        replace(config, output_lengths=replace(config.output_lengths, compiled=False))
-    )
+    numpy_twp = uncompiled_policy("twp", profile)
     teach_output_lengths(numpy_twp, copy.deepcopy(rng))
     for name in POLICY_NAMES:
         learned = build_policy(name, profile, Slo())
@@ -217,12 +218,20 @@ def run(args: Settings) -> None:
     print(f"kv forecast ({args.running} running, learned lengths) cpu p50 {forecast_p50:6.0f} us "
           f"p99 {forecast_p99:6.0f} us")  # fmt: skip
     serving = {name: serving_cpu_us(name, profile, args) for name in POLICY_NAMES}
+    serving_uncompiled = {
+        name: serving_cpu_us(name, profile, args, compiled=False) for name in POLICY_NAMES
+    }
     for name, figures in serving.items():
         print(f"{name:8s} serving ({args.serving_steps} steps, mean waiting "
               f"{figures['mean_waiting']:.0f}, running {figures['mean_running']:.0f}) cpu p50 "
               f"{figures['serving_cpu_us_p50']:6.0f} us p99 {figures['serving_cpu_us_p99']:6.0f} "
               f"us | admitting steps ({figures['admitting_share']:.0%}) p50 "
               f"{figures['admitting_cpu_us_p50']:6.0f} us p99 "
+              f"{figures['admitting_cpu_us_p99']:6.0f} us")  # fmt: skip
+    for name, figures in serving_uncompiled.items():
+        print(f"{name:8s} serving without compiled loops cpu p50 "
+              f"{figures['serving_cpu_us_p50']:6.0f} us p99 {figures['serving_cpu_us_p99']:6.0f} "
+              f"us | admitting steps p50 {figures['admitting_cpu_us_p50']:6.0f} us p99 "
               f"{figures['admitting_cpu_us_p99']:6.0f} us")  # fmt: skip
     summary = {
         "waiting": args.waiting,
@@ -246,6 +255,7 @@ def run(args: Settings) -> None:
         "kv_forecast_cpu_us_p50": round(forecast_p50, 1),
         "kv_forecast_cpu_us_p99": round(forecast_p99, 1),
         "serving": serving,
+        "serving_uncompiled": serving_uncompiled,
     }
     print(json.dumps(summary))
 
@@ -293,9 +303,23 @@ class TimedPolicy:
         return getattr(self.policy, name)
 
 
-def serving_cpu_us(name: str, profile: EngineProfile, args: Settings) -> dict[str, float]:
+def uncompiled_policy(name: str, profile: EngineProfile) -> Policy:
+    """Policy ``name`` (twp or twp_slo) with its compiled loops switched off: output-length
+    estimates in numpy, twp_slo's deferrals walked in Python. The same decisions."""
+    base = TwpConfig.from_profile(profile)
+    base = replace(base, output_lengths=replace(base.output_lengths, compiled=False))
+    if name == "twp":
+        return TwpPolicy(base)
+    config = TwpSloConfig.from_profile(profile, Slo(), base=base, compiled_deferrals=False)
+    return TwpSloPolicy(config, profile, name)
+
+
+def serving_cpu_us(
+    name: str, profile: EngineProfile, args: Settings, compiled: bool = True
+) -> dict[str, float]:
     """The ``serving`` measurement of policy ``name`` (see the module docstring): prompts
-    30-512 tokens, max_tokens 20/50/200, each request generating its max_tokens."""
+    30-512 tokens, max_tokens 20/50/200, each request generating its max_tokens; with
+    ``compiled`` False, the policy's compiled loops switched off (``uncompiled_policy``)."""
     rng = np.random.default_rng(1)
     queued = [
         RequestSpec(i * 1e-6, int(rng.integers(30, 513)), int(rng.choice([20, 50, 200])))
@@ -307,7 +331,8 @@ def serving_cpu_us(name: str, profile: EngineProfile, args: Settings) -> dict[st
         RequestSpec(float(at), int(rng.integers(30, 513)), int(rng.choice([20, 50, 200])))
         for at in np.cumsum(gaps)
     ]
-    timed = TimedPolicy(build_policy(name, profile, Slo()), args.serving_steps)
+    policy = build_policy(name, profile, Slo()) if compiled else uncompiled_policy(name, profile)
+    timed = TimedPolicy(policy, args.serving_steps)
     with contextlib.suppress(_Enough):
         simulate([*queued, *arriving], cast(Policy, timed), profile, rng, record_steps=False)
     cpu = np.array([s[0] for s in timed.samples]) * 1e6

@@ -35,6 +35,10 @@ def test_snapshots_and_a_serving_run_are_timed_for_both_policies() -> None:
         assert set(result["policies"][name]) - {"full_learned_numpy"} == snapshots
         # Learned lengths do not open the full window: nobody is admitted either way.
         assert result["policies"][name]["full_learned"]["num_admitted"] == 0
+        # The same server with the compiled loops off: the same decisions, so the same steps.
+        uncompiled = result["serving_uncompiled"][name]
+        assert uncompiled["admitting_share"] == result["serving"][name]["admitting_share"]
+        assert uncompiled["mean_waiting"] == result["serving"][name]["mean_waiting"]
         serving = result["serving"][name]
         # The server starts empty with 600 queued: its first steps admit, and the queue stays
         # long while the window fills and turns over.

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -22,7 +23,7 @@ from tokenpace.core.step import StepPlan, StepState
 from tokenpace.engine.profile import load_profile
 from tokenpace.metrics.slo import Slo
 from tokenpace.policy.twp_slo.config import TwpSloConfig
-from tokenpace.policy.twp_slo.deadline import deadline_order
+from tokenpace.policy.twp_slo.deadline import DeferralLoop, compiled_deferrals, deadline_order
 from tokenpace.policy.twp_slo.policy import ABLATIONS, TwpSloPolicy
 
 
@@ -271,6 +272,20 @@ def test_a_key_below_the_infeasible_ones_falls_back_to_the_full_sort() -> None:
     assert keys[1] < keys[0]
 
 
+# Loaded (compiled, or read from numba's cache) once, outside hypothesis's timed examples.
+COMPILED_WALK = compiled_deferrals()
+
+
+def _walk(compiled: bool) -> DeferralLoop | None:
+    """Moore-Hodgson's walk compiled (numba is a dependency: never absent here), or None
+    for the Python walk."""
+    if not compiled:
+        return None
+    assert COMPILED_WALK is not None
+    return COMPILED_WALK
+
+
+@pytest.mark.parametrize("compiled", [False, True])
 @settings(max_examples=150, deadline=None)
 @given(
     snapshot=snapshots(max_waiting=120),
@@ -287,6 +302,7 @@ def test_deferral_order_is_moore_hodgson(
     per_step: float,
     backlog: float,
     data: st.DataObject,
+    compiled: bool,
 ) -> None:
     state = build(snapshot)
     waiting = state.waiting
@@ -300,8 +316,9 @@ def test_deferral_order_is_moore_hodgson(
     )
     want = [int(i) for i in np.argsort(-keys, kind="stable") if i not in skip]
     got = deadline_order(
-        waiting, state.now_s, ttft_s, step_s, per_step, np.array(excluded, dtype=np.intp), backlog
-    )
+        waiting, state.now_s, ttft_s, step_s, per_step, np.array(excluded, dtype=np.intp),
+        backlog, _walk(compiled),
+    )  # fmt: skip
     assert [r.request_id for r in got] == [waiting[i].request_id for i in want]
 
 
@@ -340,6 +357,7 @@ def _heap_moore_hodgson(
     return sorted(deferred)
 
 
+@pytest.mark.parametrize("compiled", [False, True])
 @settings(max_examples=40, deadline=None)
 @given(
     seed=st.integers(0, 2**31),
@@ -349,7 +367,7 @@ def _heap_moore_hodgson(
     backlog=st.sampled_from([0.0, 3000.0]),
 )
 def test_a_burst_defers_as_one_heap_operation_per_request_would(
-    seed: int, size: int, spread_s: float, per_step: float, backlog: float
+    seed: int, size: int, spread_s: float, per_step: float, backlog: float, compiled: bool
 ) -> None:
     # Thousands of requests arriving within the objective, far more prefill than it allows:
     # the runs of deferrals are skipped over with array tests, and must defer the same.
@@ -363,7 +381,9 @@ def test_a_burst_defers_as_one_heap_operation_per_request_would(
         waiting.append(request(i, prompt=int(prompts[i]), arrival_s=float(arrivals[i])))
     now_s, ttft_s, step_s = 2.0, 2.0, 0.09
     feasible = np.arange(size, dtype=np.intp)
-    on_time, deferred = moore_hodgson(waiting, feasible, now_s, ttft_s, step_s, per_step, backlog)
+    on_time, deferred = moore_hodgson(
+        waiting, feasible, now_s, ttft_s, step_s, per_step, backlog, _walk(compiled)
+    )
     deadlines = [ttft_s - (now_s - float(a)) for a in arrivals]
     want = _heap_moore_hodgson([int(p) for p in prompts], deadlines, backlog, per_step, step_s)
     assert deferred.tolist() == want

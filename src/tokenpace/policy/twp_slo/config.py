@@ -79,6 +79,11 @@ class TwpSloConfig:
         "Reject (HTTP 429 in serve) a request not yet started whose predicted time to first "
         "token (wait so far + window wait + prefill) exceeds the TTFT objective.",
     )
+    compiled_deferrals: bool = option(
+        True,
+        "Moore and Hodgson's deferrals (use_deferral) in one compiled loop (numba) where numba "
+        "is installed: the same order, without a Python heap operation per waiting request.",
+    )
 
     def __post_init__(self) -> None:
         require_positive(

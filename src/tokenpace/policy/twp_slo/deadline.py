@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import numpy.typing as npt
@@ -37,6 +37,22 @@ _HUGE_OBJECTIVE_S = 1e10
 _SCAN_LIMIT = 64
 # Far above the rounding of a difference of clock readings (1e-11 s at a day's uptime).
 _WAIT_MARGIN_S = 1e-6
+
+# (prompts, seconds to deadlines, backlog tokens, tokens per step, step seconds) -> which
+# are deferred: ``deferral_kernel.deferred_ranks``, Moore and Hodgson's walk compiled.
+DeferralLoop = Callable[
+    [npt.NDArray[np.int64], npt.NDArray[np.float64], float, float, float], npt.NDArray[np.bool_]
+]
+
+
+def compiled_deferrals() -> DeferralLoop | None:
+    """The compiled Moore-Hodgson walk, None where numba is not installed. Its module
+    compiles the loop (or loads it from numba's cache) on its first import."""
+    try:
+        from tokenpace.policy.twp_slo.deferral_kernel import deferred_ranks
+    except ImportError:
+        return None
+    return deferred_ranks
 
 
 def ttft_slack_s(
@@ -79,13 +95,16 @@ def deadline_order(
     prefill_tokens_per_step: float,
     excluded: npt.NDArray[np.intp],
     backlog_tokens: float | None = None,
+    compiled: DeferralLoop | None = None,
 ) -> Iterator[Request]:
     """Waiting requests other than those at positions ``excluded`` in the order of a stable
     sort of ``deadline_keys`` (highest first), computing keys only for requests that can be
     feasible: one that already waited longer than the objective cannot be. Every feasible
     key (about 1e12) ranks above every infeasible one (minus the position), so the
     infeasible follow in queue order; where a key breaks that (objectives over 1e10 s, or
-    arrivals far in the future) the whole queue is keyed and sorted instead."""
+    arrivals far in the future) the whole queue is keyed and sorted instead. With
+    ``backlog_tokens``, the feasible are split by ``moore_hodgson`` (``compiled``: its walk
+    compiled, the same split)."""
     n = len(waiting)
     count = n - len(excluded)
     if count <= 0:
@@ -103,8 +122,9 @@ def deadline_order(
     feasible = maybe[slack >= 0]
     if backlog_tokens is not None:
         on_time, deferred = moore_hodgson(
-            waiting, feasible, now_s, ttft_slo_s, step_s, prefill_tokens_per_step, backlog_tokens
-        )
+            waiting, feasible, now_s, ttft_slo_s, step_s, prefill_tokens_per_step,
+            backlog_tokens, compiled,
+        )  # fmt: skip
         yield from waiting.iter_at(on_time)
         yield from waiting.iter_at(deferred)
         skip[feasible] = True
@@ -147,6 +167,7 @@ def moore_hodgson(
     step_s: float,
     prefill_tokens_per_step: float,
     backlog_tokens: float,
+    compiled: DeferralLoop | None = None,
 ) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
     """Queue positions ``feasible`` split into (on time, deferred), each in deadline order
     (arrival, then queue position). A request is on time if ceil((backlog + prompts of the
@@ -157,13 +178,17 @@ def moore_hodgson(
     leaving the kept set as it was. After two such in a row (a burst that the prefill
     cannot serve: thousands feasible, a few dozen on time), the next request that would
     change the kept set is found with array operations over the run (``_next_change``)
-    instead of one heap push and pop per request; the split is the same."""
+    instead of one heap push and pop per request; the split is the same. ``compiled``
+    (``compiled_deferrals``) runs the whole walk compiled instead, with the same split."""
     order = feasible[np.lexsort((feasible, waiting.arrival_s[feasible]))]
     if ttft_slo_s > _HUGE_OBJECTIVE_S:
         return order, order[:0]
     per_step = max(1.0, prefill_tokens_per_step)
     prompt_array = waiting.num_prompt_tokens[order]
     deadline_array = ttft_slo_s - (now_s - waiting.arrival_s[order])
+    if compiled is not None:
+        late = compiled(prompt_array, deadline_array, float(backlog_tokens), per_step, step_s)
+        return order[~late], order[late]
     prompts = prompt_array.tolist()
     deadlines = deadline_array.tolist()
     chosen: list[tuple[int, int]] = []  # heap of (-prompt, -rank)

@@ -23,7 +23,7 @@ from tokenpace.policy.twp.kv_guard import KvHeadroomGuard
 from tokenpace.policy.twp.kv_reservation import KvReservation
 from tokenpace.policy.twp.ranking import ranked, starving_positions
 from tokenpace.policy.twp_slo.config import TwpSloConfig, itl_target_fraction_for_noise
-from tokenpace.policy.twp_slo.deadline import deadline_order, ttft_slack_s
+from tokenpace.policy.twp_slo.deadline import compiled_deferrals, deadline_order, ttft_slack_s
 from tokenpace.policy.twp_slo.prefill_budget import PrefillBudget
 from tokenpace.policy.twp_slo.rejection import ServiceOutlook, early_rejections
 from tokenpace.policy.twp_slo.window import RequestWindow, balanced_batch
@@ -70,6 +70,7 @@ class TwpSloPolicy:
             self.expected.still_running_row,
         )
         self._latency = LatencyModel(profile)
+        self._deferrals = compiled_deferrals() if config.compiled_deferrals else None
         self.budget = PrefillBudget(self._latency, config.max_prefill_tokens)
         self._budget = float(config.min_prefill_tokens)
         # EMA of measured / predicted step latency (1 = the profile is exact).
@@ -418,7 +419,7 @@ class TwpSloPolicy:
             per_step = budget if cfg.use_prefill_budget else cfg.min_prefill_tokens
             return deadline_order(
                 state.waiting, state.now_s, cfg.ttft_slo_ms / 1000, cfg.itl_target_ms / 1000,
-                per_step, excluded, backlog if cfg.use_deferral else None,
+                per_step, excluded, backlog if cfg.use_deferral else None, self._deferrals,
             )  # fmt: skip
         running = state.running
         mean_remaining = (
