@@ -8,7 +8,7 @@ import pytest
 
 from tests.helpers import running
 from tests.policy.test_output_length import finish
-from tokenpace.policy.output_length import OutputLengthConfig, OutputLengthEstimator
+from tokenpace.policy.output_length import OutputLengthConfig, OutputLengthEstimator, SurvivalCurve
 
 
 def taught(compiled: bool, extrapolate: bool) -> OutputLengthEstimator:
@@ -70,3 +70,28 @@ def test_the_compiled_loop_blends_each_bucket_with_the_pooled_curve() -> None:
     assert pooled_only.remaining(np.array([2500]), produced[:1], caps[:1])[0] == pytest.approx(
         by_bucket[3], rel=1e-12
     )
+
+
+def test_the_compiled_fit_gives_the_numpy_tables() -> None:
+    from tokenpace.policy.curve_kernel import fit_tables
+
+    rng = np.random.default_rng(13)
+    cases = [
+        (np.array([5]), np.zeros(0, dtype=np.int64)),  # one finish, nobody running
+        (np.array([20] * 50 + [50] * 30 + [200] * 20), np.array([120])),
+        (np.array([3, 3, 9]), np.array([0, 1, 3, 3, 40])),  # censored at, below and beyond
+        (rng.integers(60_000, 70_000, 300), rng.integers(0, 80_000, 40)),  # sorted, not counted
+    ]
+    for _ in range(40):
+        top = int(rng.choice([10, 300, 5000]))
+        events = rng.integers(1, top, int(rng.integers(1, 600)))
+        cases.append((events, rng.integers(0, 2 * top, int(rng.integers(0, 300)))))
+    for events, censored in cases:
+        for extrapolate in (False, True):
+            in_numpy = SurvivalCurve.fit(events, censored, extrapolate)
+            compiled = SurvivalCurve.fit(events, censored, extrapolate, fit_tables)
+            for field in ("starts", "survival", "area", "dense", "cumulative"):
+                np.testing.assert_array_equal(getattr(compiled, field), getattr(in_numpy, field))
+            assert compiled.tail_start == in_numpy.tail_start
+            assert compiled.tail_hazard == in_numpy.tail_hazard
+            assert compiled.num_events == in_numpy.num_events

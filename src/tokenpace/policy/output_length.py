@@ -102,36 +102,22 @@ class SurvivalCurve:
     cumulative: FloatArray  # the sum of S(t) for t < x, for x = 0 .. tail_start
 
     @staticmethod
-    def fit(events: IntArray, censored: IntArray, extrapolate: bool = True) -> SurvivalCurve:
+    def fit(
+        events: IntArray,
+        censored: IntArray,
+        extrapolate: bool = True,
+        compiled: FitTables | None = None,
+    ) -> SurvivalCurve:
         """Kaplan-Meier: ``events`` are finished lengths, ``censored`` lengths known to be
         exceeded (a running request with that many tokens out). The curve is known up to T,
         the longest length seen; with ``extrapolate`` the survivors beyond T then finish at
-        the average hazard seen so far, -ln S(T) / T, else all at the cap."""
-        lengths, counts = _distinct_counts(events)
-        # At risk at length l: the events at l or beyond and the censored at l or beyond.
-        events_beyond = len(events) - (np.cumsum(counts) - counts)
-        censored = np.sort(censored)
-        at_risk = events_beyond + (len(censored) - np.searchsorted(censored, lengths, side="left"))
-        survival = np.cumprod(1.0 - counts / at_risk)
-        tail_start = int(max(lengths[-1], censored[-1])) if len(censored) else int(lengths[-1])
-        num_steps = len(lengths) + 2
-        starts = np.empty(num_steps, dtype=np.int64)
-        starts[0], starts[1:-1], starts[-1] = 0, lengths, tail_start
-        steps = np.empty(num_steps)
-        steps[0], steps[1:-1], steps[-1] = 1.0, survival, survival[-1]
-        # Each step's width, and 1 for the last (of width 0), which holds T itself.
-        widths = np.empty(num_steps, dtype=np.int64)
-        widths[:-1] = np.diff(starts)
-        widths[-1] = 1
-        area = np.empty(num_steps)
-        area[0] = 0.0
-        np.cumsum(steps[:-1] * widths[:-1], out=area[1:])
-        last = float(survival[-1])
+        the average hazard seen so far, -ln S(T) / T, else all at the cap. ``compiled``
+        (``curve_kernel.fit_tables``) computes the same tables in one compiled pass."""
+        fit_tables = compiled or _fit_tables
+        starts, steps, area, dense, cumulative = fit_tables(events, censored)
+        tail_start = int(starts[-1])
+        last = float(steps[-1])
         hazard = -math.log(last) / tail_start if extrapolate and 0 < last < 1 else 0.0
-        # The step holding each x = 0 .. T.
-        step_of = np.repeat(np.arange(num_steps), widths)
-        dense = steps[step_of]
-        cumulative = area[step_of] + dense * (np.arange(tail_start + 1) - starts[step_of])
         return SurvivalCurve(
             starts, steps, area, tail_start, hazard, len(events), dense, cumulative
         )
@@ -200,6 +186,40 @@ _STACKED_MAX = 1024
 
 # Lengths up to this are counted in a table (``np.bincount``); longer ones are sorted.
 _COUNT_TABLE_MAX = 1 << 16
+
+
+# (events, censored) -> a Kaplan-Meier fit's tables: the steps' starts, survival and area
+# before each, then S(x) and the sum of S(t) for t < x, x = 0 .. T (``SurvivalCurve``).
+_Tables = tuple[IntArray, FloatArray, FloatArray, FloatArray, FloatArray]
+FitTables = Callable[[IntArray, IntArray], _Tables]
+
+
+def _fit_tables(events: IntArray, censored: IntArray) -> _Tables:
+    """``SurvivalCurve.fit``'s tables, in numpy."""
+    lengths, counts = _distinct_counts(events)
+    # At risk at length l: the events at l or beyond and the censored at l or beyond.
+    events_beyond = len(events) - (np.cumsum(counts) - counts)
+    censored = np.sort(censored)
+    at_risk = events_beyond + (len(censored) - np.searchsorted(censored, lengths, side="left"))
+    survival = np.cumprod(1.0 - counts / at_risk)
+    tail_start = int(max(lengths[-1], censored[-1])) if len(censored) else int(lengths[-1])
+    num_steps = len(lengths) + 2
+    starts = np.empty(num_steps, dtype=np.int64)
+    starts[0], starts[1:-1], starts[-1] = 0, lengths, tail_start
+    steps = np.empty(num_steps)
+    steps[0], steps[1:-1], steps[-1] = 1.0, survival, survival[-1]
+    # Each step's width, and 1 for the last (of width 0), which holds T itself.
+    widths = np.empty(num_steps, dtype=np.int64)
+    widths[:-1] = np.diff(starts)
+    widths[-1] = 1
+    area = np.empty(num_steps)
+    area[0] = 0.0
+    np.cumsum(steps[:-1] * widths[:-1], out=area[1:])
+    # The step holding each x = 0 .. T.
+    step_of = np.repeat(np.arange(num_steps), widths)
+    dense = steps[step_of]
+    cumulative = area[step_of] + dense * (np.arange(tail_start + 1) - starts[step_of])
+    return starts, steps, area, dense, cumulative
 
 
 def _distinct_counts(values: IntArray) -> tuple[IntArray, IntArray]:
@@ -381,13 +401,14 @@ class OutputLengthEstimator:
         # smallest_fresh's values since the last refit, per smallest cap.
         self._smallest_fresh: dict[int, float] = {}
         self._row_grid = (0, 0)
-        self._kernel = _compiled_remaining() if config.compiled else None
+        self._compiled = _compiled_curves() if config.compiled else None
 
     @property
     def compiled(self) -> bool:
-        """Whether batch estimates (``remaining``) run in the compiled loop
-        (``tokenpace.policy.curve_kernel``) rather than in numpy: the same values."""
-        return self._kernel is not None
+        """Whether curves are fitted and batch estimates (``remaining``) computed in the
+        compiled loops (``tokenpace.policy.curve_kernel``) rather than in numpy: the same
+        values."""
+        return self._compiled is not None
 
     @property
     def num_observed(self) -> int:
@@ -450,9 +471,9 @@ class OutputLengthEstimator:
         if self._pooled_curve is None or not len(prompts):
             budget: FloatArray = np.maximum(caps - produced, 1).astype(np.float64)
             return budget
-        if self._kernel is not None:
+        if self._compiled is not None:
             stack, stack_index, weights = self._stacked()
-            return self._kernel(
+            return self._compiled.remaining(
                 stack, stack_index, weights, self._edges, self._bucketed, prompts, produced, caps
             )
         buckets = np.searchsorted(self._edges, prompts, side="right") if self._bucketed else prompts
@@ -683,10 +704,13 @@ class OutputLengthEstimator:
         self._due = None
         buckets = np.searchsorted(self._edges, prompts, side="right")
         tail = self.config.extrapolate_tail
-        self._pooled_curve = SurvivalCurve.fit(pooled, produced, tail)
+        compiled = self._compiled.fit_tables if self._compiled is not None else None
+        self._pooled_curve = SurvivalCurve.fit(pooled, produced, tail, compiled)
         for b, events in enumerate(per_bucket):
             self._curves[b] = (
-                SurvivalCurve.fit(events, produced[buckets == b], tail) if len(events) else None
+                SurvivalCurve.fit(events, produced[buckets == b], tail, compiled)
+                if len(events)
+                else None
             )
         self._bucketed = any(c is not None for c in self._curves)
         self._stack = None
@@ -716,14 +740,22 @@ _BlendedRemaining = Callable[
 ]
 
 
-def _compiled_remaining() -> _BlendedRemaining | None:
-    """The compiled batch estimate, None where numba is not installed. Its module compiles
-    the loop (or loads it from numba's cache) on its first import."""
+@dataclass(frozen=True, slots=True)
+class _CompiledCurves:
+    """``curve_kernel``'s compiled loops: a batch's blended estimates and a curve's fit."""
+
+    remaining: _BlendedRemaining
+    fit_tables: FitTables
+
+
+def _compiled_curves() -> _CompiledCurves | None:
+    """The compiled loops, None where numba is not installed. Their module compiles them
+    (or loads them from numba's cache) on its first import."""
     try:
-        from tokenpace.policy.curve_kernel import blended_remaining
+        from tokenpace.policy import curve_kernel
     except ImportError:
         return None
-    return blended_remaining
+    return _CompiledCurves(curve_kernel.blended_remaining, curve_kernel.fit_tables)
 
 
 def ints_of(*values: int) -> IntArray:
