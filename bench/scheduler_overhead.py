@@ -214,9 +214,14 @@ def run(args: Settings) -> None:
     columns_p50, columns_p99 = (float(np.percentile(columns_cpu, q)) * 1e6 for q in (50, 99))
     print(f"step loop running columns ({args.running}) cpu p50 {columns_p50:6.0f} us "
           f"p99 {columns_p99:6.0f} us")  # fmt: skip
+    lessons = copy.deepcopy(rng)
     forecast_p50, forecast_p99 = _forecast_cpu_us(states["full"], profile, args.num_iters, rng)
+    numpy_p50, numpy_p99 = _forecast_cpu_us(
+        states["full"], profile, args.num_iters, lessons, compiled=False
+    )
     print(f"kv forecast ({args.running} running, learned lengths) cpu p50 {forecast_p50:6.0f} us "
-          f"p99 {forecast_p99:6.0f} us")  # fmt: skip
+          f"p99 {forecast_p99:6.0f} us | in numpy p50 {numpy_p50:6.0f} us "
+          f"p99 {numpy_p99:6.0f} us")  # fmt: skip
     serving = {name: serving_cpu_us(name, profile, args) for name in POLICY_NAMES}
     serving_uncompiled = {
         name: serving_cpu_us(name, profile, args, compiled=False) for name in POLICY_NAMES
@@ -254,6 +259,8 @@ def run(args: Settings) -> None:
         "loop_columns_cpu_us_p99": round(columns_p99, 1),
         "kv_forecast_cpu_us_p50": round(forecast_p50, 1),
         "kv_forecast_cpu_us_p99": round(forecast_p99, 1),
+        "kv_forecast_numpy_cpu_us_p50": round(numpy_p50, 1),
+        "kv_forecast_numpy_cpu_us_p99": round(numpy_p99, 1),
         "serving": serving,
         "serving_uncompiled": serving_uncompiled,
     }
@@ -367,12 +374,21 @@ def teach_output_lengths(policy: Policy, rng: np.random.Generator) -> None:
 
 
 def _forecast_cpu_us(
-    snapshot: StepState, profile: EngineProfile, num_iters: int, rng: np.random.Generator
+    snapshot: StepState,
+    profile: EngineProfile,
+    num_iters: int,
+    rng: np.random.Generator,
+    compiled: bool = True,
 ) -> tuple[float, float]:
     """CPU time (p50, p99, us) of the KV reservation's occupancy forecast of the snapshot's
     running batch, the work a step pays when its gate tests an admission against the KV
-    cache, with output lengths learned as in ``teach_output_lengths``."""
-    policy = build_policy("twp_slo", profile, Slo())
+    cache, with output lengths learned as in ``teach_output_lengths``; with ``compiled``
+    False, in numpy (``uncompiled_policy``)."""
+    policy = (
+        build_policy("twp_slo", profile, Slo())
+        if compiled
+        else uncompiled_policy("twp_slo", profile)
+    )
     assert isinstance(policy, TwpSloPolicy)
     teach_output_lengths(policy, rng)
     columns = RunningColumns.of(snapshot.running)

@@ -24,6 +24,7 @@ def test_snapshots_and_a_serving_run_are_timed_for_both_policies() -> None:
     assert 0 < result["learned_decision_us_p50"] <= result["learned_decision_us_p99"]
     assert 0 < result["reference_cpu_us_p50"] <= result["reference_cpu_us_p99"]
     assert result["compiled_estimates"] is True
+    assert 0 < result["kv_forecast_numpy_cpu_us_p50"] <= result["kv_forecast_numpy_cpu_us_p99"]
     assert 0 < result["learned_numpy_decision_us_p50"] <= result["learned_numpy_decision_us_p99"]
     # The numpy twin plans the same state as the compiled twp: the same decision.
     twp_plans = result["policies"]["twp"]

@@ -95,3 +95,23 @@ def test_the_compiled_fit_gives_the_numpy_tables() -> None:
             assert compiled.tail_start == in_numpy.tail_start
             assert compiled.tail_hazard == in_numpy.tail_hazard
             assert compiled.num_events == in_numpy.num_events
+
+
+@pytest.mark.parametrize("extrapolate", [False, True])
+def test_the_compiled_forecast_groups_and_reads_as_numpy_does(extrapolate: bool) -> None:
+    numpy_path, compiled = taught(False, extrapolate), taught(True, extrapolate)
+    rng = np.random.default_rng(14)
+    for n, step in ((0, 4), (1, 1), (60, 1), (454, 8), (3000, 16)):
+        offsets = np.arange(64, dtype=np.int64) * step
+        prompts = rng.integers(10, 3000, n)
+        produced = rng.integers(0, 700, n)  # inside the curves and beyond their T
+        caps = produced + rng.integers(-5, 900, n)  # some at or past their caps
+        want = numpy_path.still_running(prompts, produced, caps, offsets)
+        got = compiled.still_running(prompts, produced, caps, offsets)
+        np.testing.assert_array_equal(got.row_of, want.row_of)
+        for mine, theirs in zip(got.representatives, want.representatives, strict=True):
+            np.testing.assert_array_equal(mine, theirs)
+        if extrapolate:
+            np.testing.assert_allclose(got.rows, want.rows, rtol=1e-12, atol=0)
+        else:
+            np.testing.assert_array_equal(got.rows, want.rows)

@@ -201,6 +201,100 @@ def fit_tables(
     return _fit_compiled(_ints(events), _ints(censored))
 
 
+def _survival(
+    base: IntArray, tails: IntArray, hazards: FloatArray, dense: FloatArray, curve: int, x: int
+) -> float:
+    """S(x) on the stack's curve ``curve`` (``CurveStack.survival_at`` for one element)."""
+    tail = tails[curve]
+    s: float = dense[(x if x < tail else tail) + base[curve]]
+    beyond_tokens = x - tail
+    h = hazards[curve]
+    if beyond_tokens > 0 and h > 0:
+        s *= math.exp(-h * beyond_tokens)
+    return s
+
+
+_survival_compiled = numba.njit(inline="always")(_survival)
+
+
+def _row_into(
+    base: IntArray, tails: IntArray, hazards: FloatArray, dense: FloatArray, curve: int,
+    produced: int, cap: int, offsets: IntArray, row: FloatArray,
+) -> None:  # fmt: skip
+    """P(min(L, cap) > produced + t | L > produced) at each offset t on curve ``curve``
+    (``CurveStack.still_running`` for one request), into ``row``."""
+    s_o = _survival_compiled(base, tails, hazards, dense, curve, produced)
+    scale = 1.0 / s_o if s_o > 0 else 0.0
+    for k in range(len(offsets)):
+        ratio = (
+            _survival_compiled(base, tails, hazards, dense, curve, produced + offsets[k]) * scale
+            if s_o > 0
+            else 1.0
+        )
+        row[k] = ratio * (1.0 if offsets[k] < cap - produced else 0.0)
+
+
+_row_into_compiled = numba.njit(inline="always")(_row_into)
+
+
+def _forecast_loop(
+    base: IntArray, tails: IntArray, hazards: FloatArray, dense: FloatArray,
+    edges: IntArray, stack_index: IntArray, weights: FloatArray, bucketed: bool,
+    prompts: IntArray, produced: IntArray, caps: IntArray, offsets: IntArray, step: int,
+) -> tuple[FloatArray, IntArray, IntArray, IntArray, IntArray]:  # fmt: skip
+    """``OutputLengthEstimator.still_running``'s grouping (``StillRunning.group``) and its
+    rows, blended over the curves as ``blended_remaining`` blends: (rows, row_of, and the
+    rows' produced tokens, caps and buckets)."""
+    n = len(produced)
+    num_offsets = len(offsets)
+    num_edges = len(edges)
+    buckets = np.zeros(n, dtype=np.int64)
+    progress = np.empty(n, dtype=np.int64)
+    left = np.empty(n, dtype=np.int64)
+    span = 1
+    for j in range(n):
+        if bucketed:
+            bucket = 0
+            while bucket < num_edges and edges[bucket] <= prompts[j]:
+                bucket += 1
+            buckets[j] = bucket
+        progress[j] = produced[j] // step
+        to_cap = caps[j] - produced[j]
+        left[j] = 0 if to_cap <= 0 else min((to_cap + step - 1) // step, num_offsets)
+        span = max(span, progress[j] + 1)
+    keys = (buckets * span + progress) * (num_offsets + 1) + left
+    order = np.argsort(keys)
+    row_of = np.empty(n, dtype=np.int64)
+    distinct = np.empty(n, dtype=np.int64)
+    num_rows = 0
+    for j in order:
+        if num_rows == 0 or distinct[num_rows - 1] != keys[j]:
+            distinct[num_rows] = keys[j]
+            num_rows += 1
+        row_of[j] = num_rows - 1
+    rows = np.empty((num_rows, num_offsets))
+    own = np.empty(num_offsets)
+    rep_produced = np.empty(num_rows, dtype=np.int64)
+    rep_caps = np.empty(num_rows, dtype=np.int64)
+    rep_buckets = np.empty(num_rows, dtype=np.int64)
+    for r in range(num_rows):
+        rep_left = distinct[r] % (num_offsets + 1)
+        rep_progress = distinct[r] // (num_offsets + 1)
+        at = (rep_progress % span) * step
+        cap = at + rep_left * step
+        bucket = rep_progress // span
+        rep_produced[r], rep_caps[r], rep_buckets[r] = at, cap, bucket
+        row = rows[r]
+        _row_into_compiled(base, tails, hazards, dense, 0, at, cap, offsets, row)
+        own_curve = stack_index[bucket] if bucketed else 0
+        if own_curve > 0:
+            weight = weights[bucket]
+            _row_into_compiled(base, tails, hazards, dense, own_curve, at, cap, offsets, own)
+            for k in range(num_offsets):
+                row[k] = weight * own[k] + (1.0 - weight) * row[k]
+    return rows, row_of, rep_produced, rep_caps, rep_buckets
+
+
 _INTS = "int64[::1]"
 _FLOATS = "float64[::1]"
 _SIGNATURE = (
@@ -235,6 +329,43 @@ def blended_remaining(
         _ints(prompts), _ints(produced), _ints(caps), out,
     )  # fmt: skip
     return out
+
+
+_forecast_compiled = cast(
+    Callable[..., tuple[FloatArray, IntArray, IntArray, IntArray, IntArray]],
+    numba.njit(
+        f"Tuple((float64[:, ::1], {_INTS}, {_INTS}, {_INTS}, {_INTS}))({_INTS}, {_INTS}, "
+        f"{_FLOATS}, {_FLOATS}, {_INTS}, {_INTS}, {_FLOATS}, boolean, {_INTS}, {_INTS}, "
+        f"{_INTS}, {_INTS}, int64)",
+        **_NUMBA_OPTIONS,
+    )(_forecast_loop),
+)
+
+
+def forecast_rows(
+    stack: CurveStack,
+    stack_index: IntArray,
+    weights: FloatArray,
+    edges: IntArray,
+    bucketed: bool,
+    prompts: IntArray,
+    produced: IntArray,
+    caps: IntArray,
+    offsets: IntArray,
+) -> tuple[FloatArray, IntArray, IntArray, IntArray, IntArray]:
+    """``OutputLengthEstimator.still_running`` of requests (``prompts``, ``produced``,
+    ``caps``) over the forecast grid ``offsets`` (0, d, 2d, ..): the requests grouped as
+    ``StillRunning.group`` groups them (by prompt bucket, once ``bucketed``, progress
+    rounded down to d, tokens left rounded up), each group's row read on the pooled curve
+    and blended with its bucket's as ``blended_remaining`` blends. Returns (rows, each
+    request's row, and each row's produced tokens, cap and bucket): the numpy path's
+    values, to the last bit where its exp is the C library's (see the module's
+    docstring)."""
+    step = int(offsets[1] - offsets[0]) if len(offsets) > 1 else 1
+    return _forecast_compiled(
+        stack.base, stack.tails, stack.hazards, stack.dense, edges, stack_index, weights,
+        bucketed, _ints(prompts), _ints(produced), _ints(caps), _ints(offsets), step,
+    )  # fmt: skip
 
 
 def _ints(values: IntArray) -> IntArray:

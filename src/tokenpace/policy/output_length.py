@@ -532,6 +532,13 @@ class OutputLengthEstimator:
         pooled = self._pooled_curve
         if pooled is None:
             return StillRunning.to_caps(produced, caps, offsets)
+        if self._compiled is not None:
+            stack, stack_index, weights = self._stacked()
+            rows, row_of, rep_produced, rep_caps, rep_bucket = self._compiled.forecast_rows(
+                stack, stack_index, weights, self._edges, self._bucketed, prompts, produced,
+                caps, offsets,
+            )  # fmt: skip
+            return StillRunning(rows, row_of, (rep_produced, rep_caps, rep_bucket))
         bucket = (
             np.searchsorted(self._edges, prompts, side="right")
             if self._bucketed
@@ -738,6 +745,10 @@ class OutputLengthEstimator:
 _BlendedRemaining = Callable[
     [CurveStack, IntArray, FloatArray, IntArray, bool, IntArray, IntArray, IntArray], FloatArray
 ]
+_ForecastRows = Callable[
+    [CurveStack, IntArray, FloatArray, IntArray, bool, IntArray, IntArray, IntArray, IntArray],
+    tuple[FloatArray, IntArray, IntArray, IntArray, IntArray],
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -746,6 +757,7 @@ class _CompiledCurves:
 
     remaining: _BlendedRemaining
     fit_tables: FitTables
+    forecast_rows: _ForecastRows
 
 
 def _compiled_curves() -> _CompiledCurves | None:
@@ -755,7 +767,9 @@ def _compiled_curves() -> _CompiledCurves | None:
         from tokenpace.policy import curve_kernel
     except ImportError:
         return None
-    return _CompiledCurves(curve_kernel.blended_remaining, curve_kernel.fit_tables)
+    return _CompiledCurves(
+        curve_kernel.blended_remaining, curve_kernel.fit_tables, curve_kernel.forecast_rows
+    )
 
 
 def ints_of(*values: int) -> IntArray:
