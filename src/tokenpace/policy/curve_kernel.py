@@ -33,7 +33,7 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
-from tokenpace.policy.curve_stack import CurveStack
+from tokenpace.policy.curve_stack import BucketedCurves
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -307,25 +307,17 @@ _blended_compiled = cast(
 
 
 def blended_remaining(
-    stack: CurveStack,
-    stack_index: IntArray,
-    weights: FloatArray,
-    edges: IntArray,
-    bucketed: bool,
-    prompts: IntArray,
-    produced: IntArray,
-    caps: IntArray,
+    curves: BucketedCurves, prompts: IntArray, produced: IntArray, caps: IntArray
 ) -> FloatArray:
     """Expected remaining output tokens of each request (``prompts``, ``produced``,
-    ``caps``: columns of one length), on the pooled curve (``stack``'s curve 0) blended
-    with its prompt bucket's: bucket b (the number of ``edges`` at or below the prompt)
-    reads curve ``stack_index[b]`` (0: none, the pooled value alone) by weight
-    ``weights[b]``; with ``bucketed`` False the pooled curve alone. The values of
-    ``OutputLengthEstimator``'s numpy path (see the module's docstring)."""
+    ``caps``: columns of one length), on the pooled curve blended with its prompt bucket's
+    as ``curves`` says. The values of ``OutputLengthEstimator``'s numpy path (see the
+    module's docstring)."""
+    stack = curves.stack
     out = np.empty(len(produced))
     _blended_compiled(
         stack.base, stack.tails, stack.hazards, stack.dense, stack.cumulative,
-        edges, stack_index, weights, bucketed,
+        curves.edges, curves.stack_index, curves.weights, curves.bucketed,
         _ints(prompts), _ints(produced), _ints(caps), out,
     )  # fmt: skip
     return out
@@ -343,11 +335,7 @@ _forecast_compiled = cast(
 
 
 def forecast_rows(
-    stack: CurveStack,
-    stack_index: IntArray,
-    weights: FloatArray,
-    edges: IntArray,
-    bucketed: bool,
+    curves: BucketedCurves,
     prompts: IntArray,
     produced: IntArray,
     caps: IntArray,
@@ -357,14 +345,16 @@ def forecast_rows(
     ``caps``) over the forecast grid ``offsets`` (0, d, 2d, ..): the requests grouped as
     ``StillRunning.group`` groups them (by prompt bucket, once ``bucketed``, progress
     rounded down to d, tokens left rounded up), each group's row read on the pooled curve
-    and blended with its bucket's as ``blended_remaining`` blends. Returns (rows, each
+    and blended with its bucket's as ``curves`` says. Returns (rows, each
     request's row, and each row's produced tokens, cap and bucket): the numpy path's
     values, to the last bit where its exp is the C library's (see the module's
     docstring)."""
     step = int(offsets[1] - offsets[0]) if len(offsets) > 1 else 1
+    stack = curves.stack
     return _forecast_compiled(
-        stack.base, stack.tails, stack.hazards, stack.dense, edges, stack_index, weights,
-        bucketed, _ints(prompts), _ints(produced), _ints(caps), _ints(offsets), step,
+        stack.base, stack.tails, stack.hazards, stack.dense, curves.edges, curves.stack_index,
+        curves.weights, curves.bucketed, _ints(prompts), _ints(produced), _ints(caps),
+        _ints(offsets), step,
     )  # fmt: skip
 
 

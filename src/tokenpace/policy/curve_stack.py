@@ -138,3 +138,18 @@ class CurveStack:
         ratio[~known] = 1.0
         result: FloatArray = ratio * (offsets[None, :] < (cap - produced)[:, None])
         return result
+
+
+@dataclass(frozen=True, slots=True)
+class BucketedCurves:
+    """The estimator's curves as a batch estimate reads them: ``stack`` holds the pooled
+    curve (0) and the prompt buckets' own; bucket b (the number of ``edges`` at or below a
+    prompt) reads curve ``stack_index[b]`` (0: it has none) blended with the pooled one by
+    weight ``weights[b]``. While ``bucketed`` is False no bucket has a curve and prompts
+    are not read."""
+
+    stack: CurveStack
+    stack_index: IntArray
+    weights: FloatArray
+    edges: IntArray
+    bucketed: bool

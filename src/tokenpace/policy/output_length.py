@@ -41,7 +41,7 @@ import numpy.typing as npt
 
 from tokenpace.core.config import option, require_positive
 from tokenpace.core.request import FinishReason, Request, RequestStatus
-from tokenpace.policy.curve_stack import CurveIndex, CurveStack
+from tokenpace.policy.curve_stack import BucketedCurves, CurveIndex, CurveStack
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -385,7 +385,7 @@ class OutputLengthEstimator:
         self._curves: list[SurvivalCurve | None] = [None] * num_buckets
         self._pooled_curve: SurvivalCurve | None = None
         # The curves stacked for batch estimates (``_stacked``), None until first read.
-        self._stack: tuple[CurveStack, IntArray, FloatArray] | None = None
+        self._stack: BucketedCurves | None = None
         # The last refit's inputs until a reader asks for the curves (``_fit_due``): the
         # running requests' produced and prompt tokens, the pooled and the buckets' lengths.
         self._due: tuple[IntArray, IntArray, IntArray, list[IntArray]] | None = None
@@ -472,10 +472,7 @@ class OutputLengthEstimator:
             budget: FloatArray = np.maximum(caps - produced, 1).astype(np.float64)
             return budget
         if self._compiled is not None:
-            stack, stack_index, weights = self._stacked()
-            return self._compiled.remaining(
-                stack, stack_index, weights, self._edges, self._bucketed, prompts, produced, caps
-            )
+            return self._compiled.remaining(self._stacked(), prompts, produced, caps)
         buckets = np.searchsorted(self._edges, prompts, side="right") if self._bucketed else prompts
         return self._blended(buckets, produced, caps, CurveStack.remaining)
 
@@ -490,7 +487,8 @@ class OutputLengthEstimator:
         and caps, on the pooled curve blended with the bucket's own by weight n / (n +
         prior_weight): one pass over the stacked curves, each request on the pooled curve
         and on its bucket's. ``buckets`` is not read while no bucket has a curve."""
-        stack, stack_index, weights = self._stacked()
+        curves = self._stacked()
+        stack, stack_index, weights = curves.stack, curves.stack_index, curves.weights
         n = len(produced)
         if not self._bucketed:
             return figure(stack, 0, produced, caps)
@@ -533,11 +531,9 @@ class OutputLengthEstimator:
         if pooled is None:
             return StillRunning.to_caps(produced, caps, offsets)
         if self._compiled is not None:
-            stack, stack_index, weights = self._stacked()
             rows, row_of, rep_produced, rep_caps, rep_bucket = self._compiled.forecast_rows(
-                stack, stack_index, weights, self._edges, self._bucketed, prompts, produced,
-                caps, offsets,
-            )  # fmt: skip
+                self._stacked(), prompts, produced, caps, offsets
+            )
             return StillRunning(rows, row_of, (rep_produced, rep_caps, rep_bucket))
         bucket = (
             np.searchsorted(self._edges, prompts, side="right")
@@ -722,7 +718,7 @@ class OutputLengthEstimator:
         self._bucketed = any(c is not None for c in self._curves)
         self._stack = None
 
-    def _stacked(self) -> tuple[CurveStack, IntArray, FloatArray]:
+    def _stacked(self) -> BucketedCurves:
         """The fitted curves stacked, built when first read after a fit (a policy that
         reads one request at a time never pays for it): the pooled curve is the stack's
         0, each bucket's own curve follows; per bucket, its curve's index in the stack (0:
@@ -738,15 +734,16 @@ class OutputLengthEstimator:
                 own_curves.append(curve)
                 stack_index[b] = len(own_curves)
                 weights[b] = self._weight(curve)
-        self._stack = (CurveStack.of([self._pooled_curve, *own_curves]), stack_index, weights)
+        self._stack = BucketedCurves(
+            CurveStack.of([self._pooled_curve, *own_curves]), stack_index, weights,
+            self._edges, self._bucketed,
+        )  # fmt: skip
         return self._stack
 
 
-_BlendedRemaining = Callable[
-    [CurveStack, IntArray, FloatArray, IntArray, bool, IntArray, IntArray, IntArray], FloatArray
-]
+_BlendedRemaining = Callable[[BucketedCurves, IntArray, IntArray, IntArray], FloatArray]
 _ForecastRows = Callable[
-    [CurveStack, IntArray, FloatArray, IntArray, bool, IntArray, IntArray, IntArray, IntArray],
+    [BucketedCurves, IntArray, IntArray, IntArray, IntArray],
     tuple[FloatArray, IntArray, IntArray, IntArray, IntArray],
 ]
 
