@@ -3,12 +3,16 @@ extrapolated tail, within rounding of ``exp`` on one."""
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
+import tokenpace.policy
 from tests.helpers import running
 from tests.policy.test_output_length import finish
 from tokenpace.policy.output_length import OutputLengthConfig, OutputLengthEstimator, SurvivalCurve
+from tokenpace.policy.twp_slo.deadline import compiled_deferrals
 
 
 def taught(compiled: bool, extrapolate: bool) -> OutputLengthEstimator:
@@ -115,3 +119,19 @@ def test_the_compiled_forecast_groups_and_reads_as_numpy_does(extrapolate: bool)
             np.testing.assert_allclose(got.rows, want.rows, rtol=1e-12, atol=0)
         else:
             np.testing.assert_array_equal(got.rows, want.rows)
+
+
+def test_without_numba_the_policies_stay_on_numpy_and_python(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A module set to None in sys.modules raises ImportError on import, as a missing numba
+    # makes the compiled modules do.
+    monkeypatch.setitem(sys.modules, "tokenpace.policy.curve_kernel", None)
+    monkeypatch.delattr(tokenpace.policy, "curve_kernel", raising=False)
+    monkeypatch.setitem(sys.modules, "tokenpace.policy.twp_slo.deferral_kernel", None)
+    assert compiled_deferrals() is None
+    without = taught(True, False)
+    assert not without.compiled
+    prompts, produced, caps = np.array([50, 200, 2500]), np.full(3, 30), np.full(3, 600)
+    expected = taught(False, False).remaining(prompts, produced, caps)
+    np.testing.assert_array_equal(without.remaining(prompts, produced, caps), expected)
