@@ -1,5 +1,5 @@
-"""Survival curves fitted, and a batch's expected remaining output read from them, in
-compiled loops.
+"""Survival curves fitted, and a batch's expected remaining output and KV forecast rows
+read from them, in compiled loops.
 
 ``OutputLengthEstimator.remaining`` reads each request's expected remaining output on the
 pooled survival curve and on its prompt bucket's, then blends the two. In numpy that is
@@ -17,7 +17,10 @@ operations (70-100 us) whatever the curve's size; here a few passes. Its sums
 and products run in numpy's order (``cumsum`` and ``cumprod`` add and multiply in
 sequence), so the tables are the same to the last bit.
 
-The loop is compiled for its one signature when this module is imported (or loaded from
+``forecast_rows`` is ``still_running``'s grouping and blended rows for the KV forecast,
+element by element in the same way.
+
+Each loop is compiled for its one signature when this module is imported (or loaded from
 numba's cache, next to this file or in the user's cache directory): importing it costs
 numba's import and that load, and no estimate ever waits for a compiler. Importing fails
 with ``ImportError`` where numba is not installed; the estimator then stays on numpy.
@@ -34,13 +37,12 @@ import numpy as np
 import numpy.typing as npt
 
 from tokenpace.policy.curve_stack import BucketedCurves
+from tokenpace.policy.output_length import COUNT_TABLE_MAX, SurvivalTables, grid_step
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
 _NUMBA_OPTIONS = {"cache": True, "nogil": True}
-# Lengths up to this are counted in a table; longer ones are sorted (as the numpy fit does).
-_COUNT_TABLE_MAX = 1 << 16
 
 
 def _read(
@@ -50,8 +52,8 @@ def _read(
     """S(x) and the sum of S(t) for t < x on the stack's curve ``curve`` (``CurveStack.at``
     for one element)."""
     tail = tails[curve]
-    s = dense[(x if x < tail else tail) + base[curve]]
-    area = cumulative[(x if x < tail else tail) + base[curve]]
+    flat = (x if x < tail else tail) + base[curve]
+    s, area = dense[flat], cumulative[flat]
     beyond_tokens = x - tail
     if beyond_tokens <= 0:
         return s, area
@@ -64,6 +66,17 @@ def _read(
 
 
 _read_compiled = numba.njit(inline="always")(_read)
+
+
+def _bucket_of(edges: IntArray, prompt: int) -> int:
+    """The prompt bucket of ``prompt``: the number of ``edges`` at or below it."""
+    bucket = 0
+    while bucket < len(edges) and edges[bucket] <= prompt:
+        bucket += 1
+    return bucket
+
+
+_bucket_of_compiled = numba.njit(inline="always")(_bucket_of)
 
 
 def _remaining_on(
@@ -91,14 +104,11 @@ def _blended_loop(
     """``out[i]``: request i's remaining output on the pooled curve (the stack's 0), blended
     by ``weights[b]`` with its bucket b's curve (``stack_index[b]``, 0: none) once
     ``bucketed``; b is the number of ``edges`` at or below its prompt."""
-    num_edges = len(edges)
     for i in range(len(produced)):
         at, cap = produced[i], caps[i]
         value = _remaining_on_compiled(base, tails, hazards, dense, cumulative, 0, at, cap)
         if bucketed:
-            bucket = 0
-            while bucket < num_edges and edges[bucket] <= prompts[i]:
-                bucket += 1
+            bucket = _bucket_of_compiled(edges, prompts[i])
             own_curve = stack_index[bucket]
             if own_curve > 0:
                 weight = weights[bucket]
@@ -109,9 +119,7 @@ def _blended_loop(
         out[i] = value
 
 
-def _fit_loop(
-    events: IntArray, censored: IntArray
-) -> tuple[IntArray, FloatArray, FloatArray, FloatArray, FloatArray]:
+def _fit_loop(events: IntArray, censored: IntArray) -> SurvivalTables:
     """``SurvivalCurve.fit``'s tables of finished lengths ``events`` (at least one, all
     positive) and running requests' tokens ``censored``: the steps' starts and survival,
     the area before each step, and S(x) and its sum below x for x = 0 .. T."""
@@ -123,7 +131,7 @@ def _fit_loop(
     num_lengths = 0
     longest = events.max()
     longest_censored = censored.max() if len(censored) else -1
-    if longest <= _COUNT_TABLE_MAX:
+    if longest <= COUNT_TABLE_MAX:
         finished_at = np.zeros(longest + 1, dtype=np.int64)
         censored_at = np.zeros(longest + 1, dtype=np.int64)
         for value in events:
@@ -183,7 +191,7 @@ def _fit_loop(
 
 
 _fit_compiled = cast(
-    Callable[[IntArray, IntArray], tuple[IntArray, FloatArray, FloatArray, FloatArray, FloatArray]],
+    Callable[[IntArray, IntArray], SurvivalTables],
     numba.njit(
         "Tuple((int64[::1], float64[::1], float64[::1], float64[::1], float64[::1]))"
         "(int64[::1], int64[::1])",
@@ -192,9 +200,7 @@ _fit_compiled = cast(
 )
 
 
-def fit_tables(
-    events: IntArray, censored: IntArray
-) -> tuple[IntArray, FloatArray, FloatArray, FloatArray, FloatArray]:
+def fit_tables(events: IntArray, censored: IntArray) -> SurvivalTables:
     """``SurvivalCurve.fit``'s tables (``starts``, ``survival``, ``area``, ``dense``,
     ``cumulative``) of finished lengths ``events`` (at least one, all positive) and the
     running requests' tokens out ``censored``, to the last bit."""
@@ -247,17 +253,13 @@ def _forecast_loop(
     rows' produced tokens, caps and buckets)."""
     n = len(produced)
     num_offsets = len(offsets)
-    num_edges = len(edges)
     buckets = np.zeros(n, dtype=np.int64)
     progress = np.empty(n, dtype=np.int64)
     left = np.empty(n, dtype=np.int64)
     span = 1
     for j in range(n):
         if bucketed:
-            bucket = 0
-            while bucket < num_edges and edges[bucket] <= prompts[j]:
-                bucket += 1
-            buckets[j] = bucket
+            buckets[j] = _bucket_of_compiled(edges, prompts[j])
         progress[j] = produced[j] // step
         to_cap = caps[j] - produced[j]
         left[j] = 0 if to_cap <= 0 else min((to_cap + step - 1) // step, num_offsets)
@@ -349,12 +351,11 @@ def forecast_rows(
     request's row, and each row's produced tokens, cap and bucket): the numpy path's
     values, to the last bit where its exp is the C library's (see the module's
     docstring)."""
-    step = int(offsets[1] - offsets[0]) if len(offsets) > 1 else 1
     stack = curves.stack
     return _forecast_compiled(
         stack.base, stack.tails, stack.hazards, stack.dense, curves.edges, curves.stack_index,
         curves.weights, curves.bucketed, _ints(prompts), _ints(produced), _ints(caps),
-        _ints(offsets), step,
+        _ints(offsets), grid_step(offsets),
     )  # fmt: skip
 
 

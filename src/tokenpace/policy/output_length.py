@@ -69,7 +69,9 @@ class OutputLengthConfig:
         True, "Beyond the longest length seen, survivors finish at the hazard seen so far."
     )
     compiled: bool = option(
-        True, "Batch estimates in one compiled loop (numba) where numba is installed."
+        True,
+        "Fits, batch estimates and the KV forecast's rows in compiled loops (numba) where "
+        "numba is installed: the same values as numpy.",
     )
 
     def __post_init__(self) -> None:
@@ -185,16 +187,16 @@ class SurvivalCurve:
 _STACKED_MAX = 1024
 
 # Lengths up to this are counted in a table (``np.bincount``); longer ones are sorted.
-_COUNT_TABLE_MAX = 1 << 16
+COUNT_TABLE_MAX = 1 << 16
 
 
 # (events, censored) -> a Kaplan-Meier fit's tables: the steps' starts, survival and area
 # before each, then S(x) and the sum of S(t) for t < x, x = 0 .. T (``SurvivalCurve``).
-_Tables = tuple[IntArray, FloatArray, FloatArray, FloatArray, FloatArray]
-FitTables = Callable[[IntArray, IntArray], _Tables]
+SurvivalTables = tuple[IntArray, FloatArray, FloatArray, FloatArray, FloatArray]
+FitTables = Callable[[IntArray, IntArray], SurvivalTables]
 
 
-def _fit_tables(events: IntArray, censored: IntArray) -> _Tables:
+def _fit_tables(events: IntArray, censored: IntArray) -> SurvivalTables:
     """``SurvivalCurve.fit``'s tables, in numpy."""
     lengths, counts = _distinct_counts(events)
     # At risk at length l: the events at l or beyond and the censored at l or beyond.
@@ -226,7 +228,7 @@ def _distinct_counts(values: IntArray) -> tuple[IntArray, IntArray]:
     """The distinct values of ``values`` (positive integers), ascending, and how often each
     occurs: ``np.unique(values, return_counts=True)``, by a count table when the values are
     small enough (a few microseconds instead of a sort)."""
-    if int(values.max()) > _COUNT_TABLE_MAX:
+    if int(values.max()) > COUNT_TABLE_MAX:
         distinct, counts = np.unique(values, return_counts=True)
         return distinct.astype(np.int64, copy=False), counts.astype(np.int64, copy=False)
     table = np.bincount(values)
