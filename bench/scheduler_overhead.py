@@ -26,8 +26,8 @@ admissions through the full window's steady churn, every step as the step loop a
 (``serving_cpu_us_*`` over all steps, ``admitting_cpu_us_*`` over those that admitted, and
 the steps' mean waiting and running counts).
 ``serving_uncompiled`` repeats it with the policies' compiled loops switched off
-(``uncompiled_policy``: output-length estimates in numpy, twp_slo's Moore-Hodgson deferrals
-walked in Python; the same decisions), for their ratio in one run.
+(``uncompiled_policy``: output-length estimates and the KV reservation's admission test in
+numpy, twp_slo's Moore-Hodgson deferrals walked in Python; the same decisions), for their ratio in one run.
 
 Each policy plans each snapshot ``--num-iters`` times, interleaved so that machine noise falls
 on all of them alike. Each call is timed twice: wall clock (``decision_us_*``, what a step
@@ -312,7 +312,8 @@ class TimedPolicy:
 
 def uncompiled_policy(name: str, profile: EngineProfile) -> Policy:
     """Policy ``name`` (twp or twp_slo) with its compiled loops switched off: output-length
-    estimates in numpy, twp_slo's deferrals walked in Python. The same decisions."""
+    estimates and the KV reservation's test in numpy, twp_slo's deferrals walked in Python.
+    The same decisions."""
     base = TwpConfig.from_profile(profile)
     base = replace(base, output_lengths=replace(base.output_lengths, compiled=False))
     if name == "twp":

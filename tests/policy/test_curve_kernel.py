@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 
 import tokenpace.policy
+import tokenpace.policy.twp
 from tests.helpers import running
 from tests.policy.test_output_length import finish
 from tokenpace.policy.output_length import OutputLengthConfig, OutputLengthEstimator, SurvivalCurve
+from tokenpace.policy.twp.kv_reservation import compiled_candidate_test
 from tokenpace.policy.twp_slo.deadline import compiled_deferrals
 
 
@@ -129,7 +131,10 @@ def test_without_numba_the_policies_stay_on_numpy_and_python(
     monkeypatch.setitem(sys.modules, "tokenpace.policy.curve_kernel", None)
     monkeypatch.delattr(tokenpace.policy, "curve_kernel", raising=False)
     monkeypatch.setitem(sys.modules, "tokenpace.policy.twp_slo.deferral_kernel", None)
+    monkeypatch.setitem(sys.modules, "tokenpace.policy.twp.occupancy_kernel", None)
+    monkeypatch.delattr(tokenpace.policy.twp, "occupancy_kernel", raising=False)
     assert compiled_deferrals() is None
+    assert compiled_candidate_test() is None
     without = taught(True, False)
     assert not without.compiled
     prompts, produced, caps = np.array([50, 200, 2500]), np.full(3, 30), np.full(3, 600)

@@ -68,3 +68,25 @@ def test_overloaded_twp_runs_match_the_reference_read_in_size_order(
         mock.patch.object(prompt_scan, "SLICE", 4),
     ):
         assert history(specs, TwpPolicy(twp), profile) == reference
+
+
+@pytest.mark.slow
+def test_compiled_loops_give_the_runs_of_numpy(paper_profile: EngineProfile) -> None:
+    # Loose caps (outputs end well before max_tokens) and a small cache, so that lengths are
+    # learned, the KV reservation binds and candidates are tested against the forecast.
+    profile = replace(paper_profile, num_gpu_blocks=600)
+    rng = np.random.default_rng(9)
+    arrivals = np.sort(rng.uniform(0.0, 4.0, 200))
+    specs = [
+        RequestSpec(float(a), int(rng.integers(20, 600)), 400, None, int(rng.integers(5, 300)))
+        for a in arrivals
+    ]
+    twp = TwpConfig.from_profile(profile)
+    numpy_twp = replace(twp, output_lengths=replace(twp.output_lengths, compiled=False))
+    assert TwpPolicy(twp).reservation._candidate_fits is not None
+    assert history(specs, TwpPolicy(twp), profile) == history(specs, TwpPolicy(numpy_twp), profile)
+    slo = TwpSloConfig.from_profile(profile, Slo())
+    numpy_slo = TwpSloConfig.from_profile(profile, Slo(), base=numpy_twp, compiled_deferrals=False)
+    assert history(specs, TwpSloPolicy(slo, profile), profile) == history(
+        specs, TwpSloPolicy(numpy_slo, profile), profile
+    )

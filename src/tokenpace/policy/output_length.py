@@ -70,8 +70,8 @@ class OutputLengthConfig:
     )
     compiled: bool = option(
         True,
-        "Fits, batch estimates and the KV forecast's rows in compiled loops (numba) where "
-        "numba is installed: the same values as numpy.",
+        "Fits, batch estimates, the KV forecast's rows and the KV reservation's admission "
+        "test in compiled loops (numba) where numba is installed: the same values as numpy.",
     )
 
     def __post_init__(self) -> None:

@@ -37,6 +37,22 @@ FloatArray = npt.NDArray[np.float64]
 StillRunningOf = Callable[[IntArray, IntArray, IntArray, IntArray], StillRunning]
 # The same for one request: (prompt, produced, cap, offsets) -> its row.
 StillRunningRowOf = Callable[[int, int, int, IntArray], FloatArray]
+# (batch mean, batch variance, held_by_empty, candidate's row, blocks it holds now, sigmas,
+# total blocks) -> whether it fits: ``occupancy_kernel.candidate_fits``.
+CandidateFits = Callable[
+    [FloatArray, FloatArray, FloatArray, FloatArray, float, float, float], bool
+]
+
+
+def compiled_candidate_test() -> CandidateFits | None:
+    """The admission test compiled (``occupancy_kernel.candidate_fits``), None where numba
+    is not installed. Its module compiles the loop (or loads it from numba's cache) on its
+    first import."""
+    try:
+        from tokenpace.policy.twp.occupancy_kernel import candidate_fits
+    except ImportError:
+        return None
+    return candidate_fits
 
 
 class KvReservation:
@@ -53,7 +69,9 @@ class KvReservation:
     step far from a full cache never computes it. ``still_running`` gives the probabilities
     the forecast is made of (``ExpectedOutput.still_running``); ``still_running_row``, the
     same for one candidate (``ExpectedOutput.still_running_row``, which reuses rows across
-    candidates; by default ``still_running`` of one request).
+    candidates; by default ``still_running`` of one request). ``candidate_fits``, when
+    given (``compiled_candidate_test``), tests a candidate against the forecast in one
+    compiled loop instead of building its ``Occupancy`` in numpy: the same answers.
     """
 
     def __init__(
@@ -61,10 +79,12 @@ class KvReservation:
         sigmas: float,
         still_running: StillRunningOf,
         still_running_row: StillRunningRowOf | None = None,
+        candidate_fits: CandidateFits | None = None,
     ) -> None:
         self.sigmas = sigmas
         self._still_running = still_running
         self._still_running_row = still_running_row or _row_from(still_running)
+        self._candidate_fits = candidate_fits
         self._columns: tuple[IntArray, IntArray, IntArray] = (
             np.zeros(0, dtype=np.int64),
             np.zeros(0, dtype=np.int64),
@@ -132,7 +152,18 @@ class KvReservation:
     def admits(self, request: Request) -> bool:
         """True if ``request`` admitted now keeps the forecast within the cache."""
         size = self._largest_size(request)
-        return self._bound_fits(size, size * size) or self._fits(self._of(request))
+        if self._bound_fits(size, size * size):
+            return True
+        if self._candidate_fits is None:
+            return self._fits(self._of(request))
+        batch = self._occupancy()
+        prompt, produced = request.num_prompt_tokens, len(request.token_times_s)
+        offsets = self._grid()
+        row = self._still_running_row(prompt, produced, request.max_tokens, offsets)
+        return self._candidate_fits(
+            batch.mean, batch.variance, self._held_by_empty(), row,
+            (prompt + produced) / self._block_size, self.sigmas, self._total_blocks,
+        )  # fmt: skip
 
     def admits_any(self, smallest_blocks: float) -> bool:
         """False only when no candidate holding at least ``smallest_blocks`` blocks on
@@ -201,11 +232,14 @@ class KvReservation:
         offsets = self._grid()
         prompt, produced = request.num_prompt_tokens, len(request.token_times_s)
         row = self._still_running_row(prompt, produced, request.max_tokens, offsets)
-        if self._held_empty is None:
-            self._held_empty = held_by_empty(offsets, self._block_size)
-        own = Occupancy.one(prompt + produced, row, self._held_empty, self._block_size)
+        own = Occupancy.one(prompt + produced, row, self._held_by_empty(), self._block_size)
         self._last = (request.request_id, own)
         return own
+
+    def _held_by_empty(self) -> FloatArray:
+        if self._held_empty is None:
+            self._held_empty = held_by_empty(self._grid(), self._block_size)
+        return self._held_empty
 
     def _occupancy(self) -> Occupancy:
         if self._batch is None:

@@ -1,0 +1,92 @@
+"""The KV reservation's admission test of one candidate, in one compiled loop.
+
+``KvReservation.admits`` asks, for each candidate that the cheap upper bound cannot pass,
+whether the batch's forecast plus the candidate's own (``Occupancy.one``) stays within the
+cache at every offset: in numpy some ten operations on the grid's 64 offsets, each 1-2 us
+of dispatch, for every such candidate of every step (under KV pressure, several a step).
+Here one loop, compiled by numba, does the same per offset: the same IEEE operations in the
+same order (no fast-math, so no reassociation or fused multiply-add; ``sqrt`` is correctly
+rounded in both), so it answers exactly as the numpy test does.
+
+The loop is compiled for its one signature when this module is imported (or loaded from
+numba's cache); importing fails with ``ImportError`` where numba is not installed, and the
+reservation then tests in numpy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import cast
+
+import numba
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float64]
+
+
+def _fits_loop(
+    batch_mean: FloatArray,
+    batch_variance: FloatArray,
+    held_empty: FloatArray,
+    still_running: FloatArray,
+    held_now: float,
+    sigmas: float,
+    total_blocks: float,
+) -> bool:
+    """True if, at every offset k, the batch's mean plus the candidate's (h_k p_k, with
+    h_k = held_empty_k + held_now) plus ``sigmas`` standard deviations of the two
+    variances summed (the candidate's h_k^2 p_k (1 - p_k), as ``Occupancy.one`` computes
+    it) is at most ``total_blocks``; False at the first offset where it is not (NaN
+    included, as numpy's ``max`` would)."""
+    for k in range(len(batch_mean)):
+        held = held_empty[k] + held_now
+        p = still_running[k]
+        mean = held * p
+        variance = held * (mean - mean * p)
+        bound = batch_mean[k] + mean
+        bound += sigmas * math.sqrt(batch_variance[k] + variance)
+        if not bound <= total_blocks:
+            return False
+    return True
+
+
+# Read-only arrays: the estimator's cached rows are frozen; writable ones convert.
+_FLOATS = numba.types.Array(numba.float64, 1, "C", readonly=True)
+_fits_compiled = cast(
+    Callable[[FloatArray, FloatArray, FloatArray, FloatArray, float, float, float], bool],
+    numba.njit(
+        numba.boolean(
+            _FLOATS, _FLOATS, _FLOATS, _FLOATS, numba.float64, numba.float64, numba.float64
+        ),
+        cache=True,
+        nogil=True,
+    )(_fits_loop),
+)
+
+
+def candidate_fits(
+    batch_mean: FloatArray,
+    batch_variance: FloatArray,
+    held_empty: FloatArray,
+    still_running: FloatArray,
+    held_now: float,
+    sigmas: float,
+    total_blocks: float,
+) -> bool:
+    """Whether a candidate holding ``held_now`` blocks now (tokens over the block size),
+    whose row of probabilities of still running is ``still_running``, fits beside the
+    batch's forecast (``batch_mean``, ``batch_variance``) with ``sigmas`` standard
+    deviations of margin in ``total_blocks`` at every offset. ``held_empty`` is
+    ``occupancy.held_by_empty`` of the grid. Arrays: float64, contiguous, one length."""
+    fits = _fits_compiled(
+        _contiguous(batch_mean), _contiguous(batch_variance), _contiguous(held_empty),
+        _contiguous(still_running), float(held_now), float(sigmas), float(total_blocks),
+    )  # fmt: skip
+    return bool(fits)
+
+
+def _contiguous(values: FloatArray) -> FloatArray:
+    contiguous: FloatArray = np.ascontiguousarray(values, dtype=np.float64)
+    return contiguous
