@@ -16,7 +16,9 @@ Snapshots, all with 10,000 waiting requests:
   from the survival curves, not the ``max_tokens`` budgets of the snapshots above. K_t's
   estimates run in one compiled loop (``tokenpace.policy.curve_kernel``) where numba is
   installed (``compiled_estimates``); twp's ``full_learned_numpy`` plans the same state with
-  them in numpy, for the ratio in one run.
+  them in numpy, for the ratio in one run. ``open_numpy`` plans ``open`` with twp's
+  compiled loops switched off (``uncompiled_policy``): the size-order ranking of the 10,000
+  in numpy and Python.
 
 The snapshots are fixed states, planned again and again. ``serving`` measures the same
 decision where it happens: a simulated server (reference profile) starts with ``--waiting``
@@ -26,8 +28,9 @@ admissions through the full window's steady churn, every step as the step loop a
 (``serving_cpu_us_*`` over all steps, ``admitting_cpu_us_*`` over those that admitted, and
 the steps' mean waiting and running counts).
 ``serving_uncompiled`` repeats it with the policies' compiled loops switched off
-(``uncompiled_policy``: output-length estimates and the KV reservation's admission test in
-numpy, twp_slo's Moore-Hodgson deferrals walked in Python; the same decisions), for their ratio in one run.
+(``uncompiled_policy``: output-length estimates, the KV reservation's admission test and
+twp's size-order ranking in numpy and Python, twp_slo's Moore-Hodgson deferrals walked in
+Python; the same decisions), for their ratio in one run.
 
 Each policy plans each snapshot ``--num-iters`` times, interleaved so that machine noise falls
 on all of them alike. Each call is timed twice: wall clock (``decision_us_*``, what a step
@@ -42,7 +45,8 @@ JSON object on its last line: per policy and snapshot the p50/p99 (us) of both a
 number admitted; the top-level ``decision_us_p50``, ``decision_us_p99`` and ``ratio``
 (= p50 / l_min, the share of a decode step the decision costs) are twp's on the ``full``
 snapshot, ``learned_decision_us_p50`` and ``learned_decision_us_p99`` twp's on
-``full_learned`` (``learned_numpy_decision_us_*`` on ``full_learned_numpy``);
+``full_learned`` (``learned_numpy_decision_us_*`` on ``full_learned_numpy``),
+``open_decision_us_*`` twp's on ``open`` (``open_numpy_decision_us_*`` on ``open_numpy``);
 ``reference_cpu_us_p50`` and ``reference_cpu_us_p99`` time a fixed piece
 of pure-Python work between the plans (``reference_work``): its p99 / p50 is the machine's
 own, which no decision's can be below.
@@ -157,6 +161,7 @@ def run(args: Settings) -> None:
         teach_output_lengths(learned, rng)
         cases[(name, "full_learned")] = (learned, states["full"])
     cases[("twp", "full_learned_numpy")] = (numpy_twp, states["full"])
+    cases[("twp", "open_numpy")] = (uncompiled_policy("twp", profile), states["open"])
     wall: dict[tuple[str, str], list[float]] = {key: [] for key in cases}
     cpu: dict[tuple[str, str], list[float]] = {key: [] for key in cases}
     telemetry_cpu: dict[tuple[str, str], list[float]] = {key: [] for key in cases}
@@ -247,6 +252,10 @@ def run(args: Settings) -> None:
         "learned_decision_us_p99": results["twp"]["full_learned"]["decision_us_p99"],
         "learned_numpy_decision_us_p50": results["twp"]["full_learned_numpy"]["decision_us_p50"],
         "learned_numpy_decision_us_p99": results["twp"]["full_learned_numpy"]["decision_us_p99"],
+        "open_decision_us_p50": results["twp"]["open"]["decision_us_p50"],
+        "open_decision_us_p99": results["twp"]["open"]["decision_us_p99"],
+        "open_numpy_decision_us_p50": results["twp"]["open_numpy"]["decision_us_p50"],
+        "open_numpy_decision_us_p99": results["twp"]["open_numpy"]["decision_us_p99"],
         "compiled_estimates": _estimator(cases[("twp", "full_learned")][0]).compiled,
         "l_min_ms": profile.l_min_ms,
         "ratio": round(twp["decision_us_p50"] / 1000 / profile.l_min_ms, 5),
@@ -312,10 +321,14 @@ class TimedPolicy:
 
 def uncompiled_policy(name: str, profile: EngineProfile) -> Policy:
     """Policy ``name`` (twp or twp_slo) with its compiled loops switched off: output-length
-    estimates and the KV reservation's test in numpy, twp_slo's deferrals walked in Python.
-    The same decisions."""
+    estimates, the KV reservation's test and the ranking's size-order scan in numpy and
+    Python, twp_slo's deferrals walked in Python. The same decisions."""
     base = TwpConfig.from_profile(profile)
-    base = replace(base, output_lengths=replace(base.output_lengths, compiled=False))
+    base = replace(
+        base,
+        output_lengths=replace(base.output_lengths, compiled=False),
+        compiled_ranking=False,
+    )
     if name == "twp":
         return TwpPolicy(base)
     config = TwpSloConfig.from_profile(profile, Slo(), base=base, compiled_deferrals=False)

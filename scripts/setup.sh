@@ -72,5 +72,6 @@ fi
 # Compile TWP's loops once every package is in place (numba caches them beside the sources,
 # for this numba version), so that no later process, a test worker or a server's container,
 # compiles them again (about 10 s each).
-.venv/bin/python -c 'import tokenpace.policy.curve_kernel, tokenpace.policy.twp.occupancy_kernel, tokenpace.policy.twp_slo.deferral_kernel' \
+.venv/bin/python -c 'import tokenpace.policy.curve_kernel, tokenpace.policy.twp_slo.deferral_kernel
+import tokenpace.policy.twp.occupancy_kernel, tokenpace.policy.twp.ranking_kernel' \
   || echo "scripts/setup.sh: numba could not compile TWP's loops; they will run in numpy" >&2

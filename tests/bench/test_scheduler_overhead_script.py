@@ -31,9 +31,12 @@ def test_snapshots_and_a_serving_run_are_timed_for_both_policies() -> None:
     assert (
         twp_plans["full_learned_numpy"]["num_admitted"] == twp_plans["full_learned"]["num_admitted"]
     )
+    assert twp_plans["open_numpy"]["num_admitted"] == twp_plans["open"]["num_admitted"] > 0
+    assert 0 < result["open_numpy_decision_us_p50"] <= result["open_numpy_decision_us_p99"]
+    assert 0 < result["open_decision_us_p50"] <= result["open_decision_us_p99"]
     for name in ("twp", "twp_slo"):
         snapshots = {"full", "open", "churn", "full_learned"}
-        assert set(result["policies"][name]) - {"full_learned_numpy"} == snapshots
+        assert set(result["policies"][name]) - {"full_learned_numpy", "open_numpy"} == snapshots
         # Learned lengths do not open the full window: nobody is admitted either way.
         assert result["policies"][name]["full_learned"]["num_admitted"] == 0
         # The same server with the compiled loops off: the same decisions, so the same steps.

@@ -14,6 +14,7 @@ from tests.helpers import running
 from tests.policy.test_output_length import finish
 from tokenpace.policy.output_length import OutputLengthConfig, OutputLengthEstimator, SurvivalCurve
 from tokenpace.policy.twp.kv_reservation import compiled_candidate_test
+from tokenpace.policy.twp.ranking import compiled_head
 from tokenpace.policy.twp_slo.deadline import compiled_deferrals
 
 
@@ -131,10 +132,12 @@ def test_without_numba_the_policies_stay_on_numpy_and_python(
     monkeypatch.setitem(sys.modules, "tokenpace.policy.curve_kernel", None)
     monkeypatch.delattr(tokenpace.policy, "curve_kernel", raising=False)
     monkeypatch.setitem(sys.modules, "tokenpace.policy.twp_slo.deferral_kernel", None)
-    monkeypatch.setitem(sys.modules, "tokenpace.policy.twp.occupancy_kernel", None)
-    monkeypatch.delattr(tokenpace.policy.twp, "occupancy_kernel", raising=False)
+    for name in ("occupancy_kernel", "ranking_kernel"):
+        monkeypatch.setitem(sys.modules, f"tokenpace.policy.twp.{name}", None)
+        monkeypatch.delattr(tokenpace.policy.twp, name, raising=False)
     assert compiled_deferrals() is None
     assert compiled_candidate_test() is None
+    assert compiled_head() is None
     without = taught(True, False)
     assert not without.compiled
     prompts, produced, caps = np.array([50, 200, 2500]), np.full(3, 30), np.full(3, 600)

@@ -94,12 +94,17 @@ class OrderView:
     """A ``KeyOrder`` read against the queue's live sequence column: ``keys[i]`` is the key
     of sorted entry i (a removed entry's key still bounds the later ones from below),
     ``positions(start, stop)`` the queue positions of the live entries among ``start:stop``
-    and ``tail_start`` where the unsorted tail begins. Valid until the queue changes."""
+    and ``tail_start`` where the unsorted tail begins. ``sorted_seqs`` (the sorted entries'
+    sequence numbers) and ``queue_seqs`` (the queue's live sequence column, ascending) are
+    what ``positions`` reads, for a caller that resolves positions itself. Valid until the
+    queue changes."""
 
     def __init__(self, order: KeyOrder, seqs: IntArray) -> None:
         self._order = order
         self._seqs = seqs
         self.keys = order.keys
+        self.sorted_seqs = order.seqs
+        self.queue_seqs = seqs
         self.tail_start = order.tail_start(seqs)
 
     def __len__(self) -> int:

@@ -61,6 +61,16 @@ def scan_path(name: str) -> contextlib.ExitStack:
     return stack
 
 
+# Loaded (compiled, or read from numba's cache) once, outside hypothesis's timed examples;
+# None where numba's exp is not numpy's (then every ranking runs in numpy).
+COMPILED_HEAD = ranking.compiled_head()
+
+
+def head_of(compiled: bool) -> ranking.RankedHead | None:
+    """The compiled size-order scan, or None for the numpy one."""
+    return COMPILED_HEAD if compiled else None
+
+
 def learned(waiting: WaitingQueue) -> npt.NDArray[np.float64]:
     """Stand-in learned expected outputs: below the budget, not in its order."""
     return ((waiting.max_tokens % 7) * 3.5 + 1.0).astype(np.float64)
@@ -123,14 +133,19 @@ class ReferenceTwp(TwpPolicy):
     t_max=st.sampled_from([100, 1000]),
     share=st.sampled_from([0.0, 0.25, 1.0]),
     path=st.sampled_from(["bound", "size", "handover"]),
+    compiled=st.booleans(),
 )
 def test_twp_plans_like_the_full_sort(
-    steps: list[Snapshot], t_max: int, share: float, path: str
+    steps: list[Snapshot], t_max: int, share: float, path: str, compiled: bool
 ) -> None:
     # share 0 scores everyone in the first round, 1 never does: both paths are covered.
-    cfg = TwpConfig(t_max_steps=t_max)
+    cfg = TwpConfig(t_max_steps=t_max, compiled_ranking=compiled)
     fast, reference = TwpPolicy(cfg), ReferenceTwp(cfg)
-    with mock.patch.object(ranking, "_MAX_CONTENDER_SHARE", share), scan_path(path):
+    with (
+        mock.patch.object(ranking, "_MAX_CONTENDER_SHARE", share),
+        mock.patch.object(ranking, "_HEAD_LIMIT", 2),
+        scan_path(path),
+    ):
         for snapshot in steps:
             state = build(snapshot)
             got, want = fast.plan(state), reference.plan(state)
@@ -145,6 +160,8 @@ def test_twp_plans_like_the_full_sort(
     share=st.sampled_from([0.0, 1.0]),
     path=st.sampled_from(["bound", "size", "handover"]),
     estimated=st.booleans(),
+    compiled=st.booleans(),
+    limit=st.sampled_from([1, 3, 32]),
     data=st.data(),
 )
 def test_ranked_yields_the_stable_sort_of_every_score(
@@ -153,6 +170,8 @@ def test_ranked_yields_the_stable_sort_of_every_score(
     share: float,
     path: str,
     estimated: bool,
+    compiled: bool,
+    limit: int,
     data: st.DataObject,
 ) -> None:
     state = build(snapshot)
@@ -171,10 +190,15 @@ def test_ranked_yields_the_stable_sort_of_every_score(
     )
     skip = set(excluded.tolist())
     want = [int(i) for i in np.argsort(-scores, kind="stable") if i not in skip]
-    with mock.patch.object(ranking, "_MAX_CONTENDER_SHARE", share), scan_path(path):
+    with (
+        mock.patch.object(ranking, "_MAX_CONTENDER_SHARE", share),
+        mock.patch.object(ranking, "_HEAD_LIMIT", limit),
+        scan_path(path),
+    ):
         got = ranking.ranked(
-            waiting, state.now_s, state.step_index, mean_remaining, cfg, excluded, expected
-        )
+            waiting, state.now_s, state.step_index, mean_remaining, cfg, excluded, expected,
+            head_of(compiled),
+        )  # fmt: skip
         assert [r.request_id for r in got] == [waiting[i].request_id for i in want]
 
 
@@ -192,10 +216,14 @@ def test_a_large_queue_ranks_like_the_full_sort() -> None:
             scores = reference_scores(queue, 20.0, 60, mean, cfg, expected)
             want = np.argsort(-scores, kind="stable")[:300].tolist()
             none = np.empty(0, dtype=np.intp)
-            for path in ("bound", "size"):
+            for path, head in (("bound", None), ("size", None), ("size", COMPILED_HEAD)):
                 with scan_path(path):
-                    got = ranking.ranked(queue, 20.0, 60, mean, cfg, none, expected)
+                    got = ranking.ranked(queue, 20.0, 60, mean, cfg, none, expected, head)
                     assert [next(got).request_id for _ in range(300)] == want
+            # The configured scan (2,048 waiting or more read in size order, slices of 128).
+            for head in (None, COMPILED_HEAD):
+                got = ranking.ranked(queue, 20.0, 60, mean, cfg, none, expected, head)
+                assert [next(got).request_id for _ in range(300)] == want
 
 
 def test_a_preempted_request_with_little_budget_left_keeps_the_gate_open() -> None:

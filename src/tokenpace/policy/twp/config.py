@@ -63,6 +63,11 @@ class TwpConfig:
     kv_margin_sigmas: float = option(
         1.0, "KV reservation margin, in standard deviations of the forecast occupancy."
     )
+    compiled_ranking: bool = option(
+        True,
+        "Rank a long queue in a compiled loop (numba) where numba is installed and its exp "
+        "is numpy's: the same order as numpy.",
+    )
 
     def __post_init__(self) -> None:
         require_positive(

@@ -18,7 +18,7 @@ from tokenpace.policy.twp.expected import ExpectedOutput
 from tokenpace.policy.twp.gate import GateOutcome, may_admit_any, run_gate
 from tokenpace.policy.twp.kv_guard import KvHeadroomGuard
 from tokenpace.policy.twp.kv_reservation import KvReservation, compiled_candidate_test
-from tokenpace.policy.twp.ranking import ranked, starving_positions
+from tokenpace.policy.twp.ranking import compiled_head, ranked, starving_positions
 from tokenpace.policy.twp.window import WindowController
 from tokenpace.policy.window_state import WindowState, token_window_state
 
@@ -61,6 +61,7 @@ class TwpPolicy:
             self.expected.still_running_row,
             compiled_candidate_test() if config.output_lengths.compiled else None,
         )
+        self._ranked_head = compiled_head() if config.compiled_ranking else None
         self._token_load = 0.0
         self._num_forced = 0
 
@@ -121,7 +122,7 @@ class TwpPolicy:
                 mean_remaining = token_load / len(running) if running else 0.0
                 candidates = ranked(
                     waiting, state.now_s, state.step_index, mean_remaining, cfg, forced,
-                    self.expected.queue_totals(waiting),
+                    self.expected.queue_totals(waiting), self._ranked_head,
                 )  # fmt: skip
                 run_gate(
                     candidates, outcome, window, self.kv_guard, state.block_size,

@@ -17,6 +17,7 @@ whole queue. Either way the order is exactly the full stable sort's.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -51,6 +52,38 @@ Fallback = Callable[[Positions], Iterator[Request]]
 SLICE = 128
 # Slices read before handing over to the fallback (it scores the whole queue at once).
 MAX_SLICES = 8
+
+
+class Outcome(enum.IntEnum):
+    """How a call of the head ended."""
+
+    EXHAUSTED = 0  # every request not left out was handed out
+    LIMIT = 1  # ``limit`` handed out; more may follow
+    FALLBACK = 2  # the scan read its most slices: the rest come from the whole-queue bound
+    NO_TOP = 3  # nobody has waited yet (or the normaliser took too many slices): no scan
+
+
+@dataclass(frozen=True, slots=True)
+class ScanInputs:
+    """What the scan reads besides the queue's columns: the size order (``keys`` sorted,
+    with their entries' sequence numbers ``sorted_seqs``; the queue's live sequence column
+    ``queue_seqs``; the unsorted tail from ``tail_start``; ``extra`` added to each key) and
+    the step's scoring terms."""
+
+    sorted_seqs: npt.NDArray[np.int64]
+    keys: npt.NDArray[np.int64]
+    queue_seqs: npt.NDArray[np.int64]
+    tail_start: int
+    extra: float
+    now_s: float
+    oldest_wait_s: float
+    step_index: int
+    mean_remaining: float
+    w_starvation: float
+    w_balance: float
+    w_fairness: float
+    t_max_steps: int
+    score_ceiling: float
 
 
 def top_fairness(

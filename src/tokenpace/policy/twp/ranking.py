@@ -11,7 +11,7 @@ stable sort of ``rank``'s scores gives.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +34,8 @@ _FIRST_FLOOR_STEP = 0.01
 _SCAN_LIMIT = 64
 # From this queue length on, the queue is read in prompt order (``prompt_scan``).
 _PROMPT_SCAN_MIN = 2048
+# Requests the compiled scan hands out per call: a gate usually closes well before.
+_HEAD_LIMIT = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +64,33 @@ def starving_positions(
 
 
 Expected = npt.NDArray[np.int64] | npt.NDArray[np.float64]
+
+# (scan inputs, enqueued steps, arrivals, prompts, expected outputs, positions left out,
+# limit) -> (the next positions, how the scan ended): ``ranking_kernel.ranked_head``.
+RankedHead = Callable[
+    [
+        prompt_scan.ScanInputs,
+        npt.NDArray[np.int64],
+        npt.NDArray[np.float64],
+        npt.NDArray[np.int64],
+        Expected,
+        npt.NDArray[np.intp],
+        int,
+    ],
+    tuple[npt.NDArray[np.intp], prompt_scan.Outcome],
+]
+
+
+def compiled_head() -> RankedHead | None:
+    """The size-order scan compiled (``ranking_kernel.ranked_head``); None where numba is
+    not installed, or where its ``exp`` is not numpy's to the last bit on this machine
+    (``ranking_kernel.exp_matches_numpy``), so that the order is always numpy's. Its module
+    compiles the loop (or loads it from numba's cache) on its first import."""
+    try:
+        from tokenpace.policy.twp import ranking_kernel as kernel
+    except ImportError:
+        return None
+    return kernel.ranked_head if kernel.EXP_MATCHES_NUMPY else None
 
 
 def fairness_per_size(
@@ -138,6 +167,7 @@ def ranked(
     cfg: TwpConfig,
     excluded: npt.NDArray[np.intp],
     expected: Expected | None = None,
+    head: RankedHead | None = None,
 ) -> Iterator[Request]:
     """Waiting requests other than those at positions ``excluded``, best score first, equal
     scores in queue order: the order of a stable sort of ``rank(...).scores``.
@@ -146,12 +176,14 @@ def ranked(
     scores exactly every request whose bound reaches that score, and yields, in order, the
     scored ones at least as good: nobody left unscored can beat them. When the bound admits
     too many contenders to gain anything, the rest are scored at once and yielded by argmax.
+    A long queue is read in size order (``prompt_scan``); ``head`` (``compiled_head``), when
+    given, runs that scan in a compiled loop, the same order.
     """
     if len(waiting) - len(excluded) <= 0:
         return
     if len(waiting) >= _PROMPT_SCAN_MIN:
         yield from _ranked_in_prompt_order(
-            waiting, now_s, step_index, mean_remaining, cfg, excluded, expected
+            waiting, now_s, step_index, mean_remaining, cfg, excluded, expected, head
         )
         return
     yield from _ranked_by_bound(waiting, now_s, step_index, mean_remaining, cfg, excluded, expected)
@@ -165,9 +197,10 @@ def _ranked_in_prompt_order(
     cfg: TwpConfig,
     excluded: npt.NDArray[np.intp],
     expected: Expected | None,
+    head: RankedHead | None = None,
 ) -> Iterator[Request]:
     """``ranked`` for a long queue: read in prompt order (``prompt_scan``) as far as the
-    bound requires, else the whole-queue bound below."""
+    bound requires, else the whole-queue bound below; with ``head``, the scan compiled."""
     if expected is None:
         output: Expected = waiting.max_tokens
         smallest = float(waiting.min_max_tokens)
@@ -180,18 +213,19 @@ def _ranked_in_prompt_order(
         smallest = float(expected.min())
         largest_balance = _largest_balance(expected, mean_remaining)
         order = prompt_scan.SizeOrder(waiting.prompt_order(), smallest)
+    if head is not None:
+        yield from _ranked_by_head(
+            waiting, now_s, step_index, mean_remaining, cfg, excluded, expected, output,
+            order, largest_balance, head,
+        )  # fmt: skip
+        return
     top = prompt_scan.top_fairness(waiting, now_s, output, order)
     if top is None or not top > 0:
         yield from _ranked_by_bound(
             waiting, now_s, step_index, mean_remaining, cfg, excluded, expected
         )
         return
-    waited = step_index - waiting.min_enqueued_step
-    ceiling = (
-        cfg.w_starvation * min(1.0, max(0.0, waited / cfg.t_max_steps))
-        + cfg.w_balance * largest_balance
-        + _BOUND_SLACK
-    )
+    ceiling = _score_ceiling(waiting, step_index, cfg, largest_balance)
 
     def exact(positions: npt.NDArray[np.intp], top: float) -> npt.NDArray[np.float64]:
         return _scores(waiting, positions, now_s, step_index, mean_remaining, top, cfg, output)
@@ -202,6 +236,58 @@ def _ranked_in_prompt_order(
     yield from prompt_scan.ranked_by_prompt(
         waiting, now_s, excluded, order, top, ceiling, cfg.w_fairness, exact, fallback
     )
+
+
+def _score_ceiling(
+    waiting: WaitingQueue, step_index: int, cfg: TwpConfig, largest_balance: float
+) -> float:
+    """A strict upper bound of every waiting request's starvation and balance terms
+    (weighted, with rounding slack)."""
+    waited = step_index - waiting.min_enqueued_step
+    return (
+        cfg.w_starvation * min(1.0, max(0.0, waited / cfg.t_max_steps))
+        + cfg.w_balance * largest_balance
+        + _BOUND_SLACK
+    )
+
+
+def _ranked_by_head(
+    waiting: WaitingQueue,
+    now_s: float,
+    step_index: int,
+    mean_remaining: float,
+    cfg: TwpConfig,
+    excluded: npt.NDArray[np.intp],
+    expected: Expected | None,
+    output: Expected,
+    order: prompt_scan.SizeOrder,
+    largest_balance: float,
+    head: RankedHead,
+) -> Iterator[Request]:
+    """``_ranked_in_prompt_order``'s scan run by ``head``, ``_HEAD_LIMIT`` requests a call:
+    each call leaves out those already yielded, which continues the same order (the scores
+    do not depend on who is left out); where the scan would hand over to the whole-queue
+    bound, so does this."""
+    view = order.view
+    inputs = prompt_scan.ScanInputs(
+        view.sorted_seqs, view.keys, view.queue_seqs, view.tail_start, order.extra, now_s,
+        now_s - waiting.min_arrival_s, step_index, mean_remaining, cfg.w_starvation,
+        cfg.w_balance, cfg.w_fairness, cfg.t_max_steps,
+        _score_ceiling(waiting, step_index, cfg, largest_balance),
+    )  # fmt: skip
+    columns = (waiting.enqueued_step, waiting.arrival_s, waiting.num_prompt_tokens, output)
+    left_out = excluded
+    while True:
+        positions, outcome = head(inputs, *columns, left_out, _HEAD_LIMIT)
+        yield from waiting.iter_at(positions)
+        if outcome is prompt_scan.Outcome.EXHAUSTED:
+            return
+        left_out = np.concatenate((left_out, positions))
+        if outcome is not prompt_scan.Outcome.LIMIT:
+            yield from _ranked_by_bound(
+                waiting, now_s, step_index, mean_remaining, cfg, left_out, expected
+            )
+            return
 
 
 def _ranked_by_bound(

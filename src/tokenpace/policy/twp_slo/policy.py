@@ -21,7 +21,7 @@ from tokenpace.policy.base import POLICIES, Policy
 from tokenpace.policy.twp.expected import ExpectedOutput
 from tokenpace.policy.twp.kv_guard import KvHeadroomGuard
 from tokenpace.policy.twp.kv_reservation import KvReservation, compiled_candidate_test
-from tokenpace.policy.twp.ranking import ranked, starving_positions
+from tokenpace.policy.twp.ranking import compiled_head, ranked, starving_positions
 from tokenpace.policy.twp_slo.config import TwpSloConfig, itl_target_fraction_for_noise
 from tokenpace.policy.twp_slo.deadline import compiled_deferrals, deadline_order, ttft_slack_s
 from tokenpace.policy.twp_slo.prefill_budget import PrefillBudget
@@ -72,6 +72,9 @@ class TwpSloPolicy:
         )
         self._latency = LatencyModel(profile)
         self._deferrals = compiled_deferrals() if config.compiled_deferrals else None
+        # TWP's score order ranks only where the deadline order is switched off.
+        use_head = config.base.compiled_ranking and not config.use_deadline_ranking
+        self._ranked_head = compiled_head() if use_head else None
         self.budget = PrefillBudget(self._latency, config.max_prefill_tokens)
         self._budget = float(config.min_prefill_tokens)
         # EMA of measured / predicted step latency (1 = the profile is exact).
@@ -428,7 +431,7 @@ class TwpSloPolicy:
         )
         return ranked(
             state.waiting, state.now_s, state.step_index, mean_remaining, cfg.base, excluded,
-            self.expected.queue_totals(state.waiting),
+            self.expected.queue_totals(state.waiting), self._ranked_head,
         )  # fmt: skip
 
     def use_profile(self, profile: EngineProfile) -> None:
