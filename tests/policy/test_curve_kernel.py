@@ -13,7 +13,7 @@ import tokenpace.policy.twp
 from tests.helpers import running
 from tests.policy.test_output_length import finish
 from tokenpace.policy.output_length import OutputLengthConfig, OutputLengthEstimator, SurvivalCurve
-from tokenpace.policy.twp.kv_reservation import compiled_candidate_test
+from tokenpace.policy.twp.kv_reservation import compiled_tests
 from tokenpace.policy.twp.ranking import compiled_head
 from tokenpace.policy.twp_slo.deadline import compiled_deferrals
 
@@ -136,7 +136,7 @@ def test_without_numba_the_policies_stay_on_numpy_and_python(
         monkeypatch.setitem(sys.modules, f"tokenpace.policy.twp.{name}", None)
         monkeypatch.delattr(tokenpace.policy.twp, name, raising=False)
     assert compiled_deferrals() is None
-    assert compiled_candidate_test() is None
+    assert compiled_tests() is None
     assert compiled_head() is None
     without = taught(True, False)
     assert not without.compiled

@@ -83,7 +83,7 @@ def test_compiled_loops_give_the_runs_of_numpy(paper_profile: EngineProfile) -> 
     ]
     twp = TwpConfig.from_profile(profile)
     numpy_twp = replace(twp, output_lengths=replace(twp.output_lengths, compiled=False))
-    assert TwpPolicy(twp).reservation._candidate_fits is not None
+    assert TwpPolicy(twp).reservation._compiled is not None
     assert history(specs, TwpPolicy(twp), profile) == history(specs, TwpPolicy(numpy_twp), profile)
     slo = TwpSloConfig.from_profile(profile, Slo())
     numpy_slo = TwpSloConfig.from_profile(profile, Slo(), base=numpy_twp, compiled_deferrals=False)

@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 from tokenpace.core.request import Request
 from tokenpace.policy.output_length import StillRunning
 from tokenpace.policy.twp.kv_reservation import (
-    CandidateFits,
+    CompiledTests,
     KvReservation,
     StillRunningOf,
-    compiled_candidate_test,
+    compiled_tests,
 )
 from tokenpace.policy.twp.occupancy import Occupancy, forecast_offsets, held_by_empty
 
@@ -161,7 +161,7 @@ def _fading(
     st.sampled_from([0.0, 1.0, 2.5]),
     st.integers(-40, 400),
     st.sampled_from([_until_cap, _fading]),
-    st.sampled_from([None, compiled_candidate_test()]),
+    st.sampled_from([None, compiled_tests()]),
 )
 def test_admissions_are_the_forecasts_whether_or_not_the_bound_decides(
     batch: list[tuple[int, int, int]],
@@ -169,7 +169,7 @@ def test_admissions_are_the_forecasts_whether_or_not_the_bound_decides(
     sigmas: float,
     slack: int,
     still_running: StillRunningOf,
-    candidate_fits: CandidateFits | None,
+    compiled: CompiledTests | None,
 ) -> None:
     prompts = np.array([p for p, _, _ in batch], dtype=np.int64)
     produced = np.array([o for _, o, _ in batch], dtype=np.int64)
@@ -182,7 +182,7 @@ def test_admissions_are_the_forecasts_whether_or_not_the_bound_decides(
 
     base = occupancy(prompts, produced, caps)
     total = max(1, int(np.max(base.mean + sigmas * np.sqrt(base.variance))) + slack)
-    reservation = KvReservation(sigmas, still_running, candidate_fits=candidate_fits)
+    reservation = KvReservation(sigmas, still_running, compiled=compiled)
     reservation.begin(prompts, produced, caps, total, block_size, horizon)
     for i, (prompt, cap) in enumerate(candidates):
         candidate = _request(i, prompt, cap)

@@ -58,3 +58,20 @@ def test_nan_in_the_forecast_never_fits() -> None:
 
 def _each(rows: npt.NDArray[np.float64]) -> StillRunning:
     return StillRunning(rows, np.arange(len(rows), dtype=np.int64))
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_largest_sizes_sum_the_numpy_sizes(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 600))
+    prompts = rng.integers(1, 4000, n)
+    produced = rng.integers(0, 500, n)
+    caps = produced + rng.integers(-5, 800, n)  # some at or past their cap
+    grid_last, grid_step, block_size = 63 * 13, 13, int(rng.choice([1, 16]))
+    left = caps - produced
+    reach = np.minimum(left, grid_last)
+    sizes = np.where(left > 0, (prompts + produced + reach + grid_step) / block_size + 1.0, 0.0)
+    total, squares = kernel.largest_sizes(prompts, produced, caps, grid_last, grid_step, block_size)
+    # Summed in sequence, not in numpy's blocks: equal to rounding.
+    assert total == pytest.approx(float(sizes.sum()), rel=1e-12, abs=0)
+    assert squares == pytest.approx(float(np.dot(sizes, sizes)), rel=1e-12, abs=0)

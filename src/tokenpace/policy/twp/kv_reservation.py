@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -42,17 +43,29 @@ StillRunningRowOf = Callable[[int, int, int, IntArray], FloatArray]
 CandidateFits = Callable[
     [FloatArray, FloatArray, FloatArray, FloatArray, float, float, float], bool
 ]
+# (prompts, produced, caps, grid's last offset, grid step, block size) -> the sum of the
+# largest sizes and of their squares: ``occupancy_kernel.largest_sizes``.
+LargestSizes = Callable[[IntArray, IntArray, IntArray, int, int, int], tuple[float, float]]
 
 
-def compiled_candidate_test() -> CandidateFits | None:
-    """The admission test compiled (``occupancy_kernel.candidate_fits``), None where numba
-    is not installed. Its module compiles the loop (or loads it from numba's cache) on its
+@dataclass(frozen=True, slots=True)
+class CompiledTests:
+    """``occupancy_kernel``'s loops: a candidate tested against the forecast, and the
+    running requests' largest sizes summed for the cheap bound."""
+
+    candidate_fits: CandidateFits
+    largest_sizes: LargestSizes
+
+
+def compiled_tests() -> CompiledTests | None:
+    """The reservation's tests compiled (``occupancy_kernel``), None where numba is not
+    installed. Its module compiles the loops (or loads them from numba's cache) on its
     first import."""
     try:
-        from tokenpace.policy.twp.occupancy_kernel import candidate_fits
+        from tokenpace.policy.twp import occupancy_kernel as kernel
     except ImportError:
         return None
-    return candidate_fits
+    return CompiledTests(kernel.candidate_fits, kernel.largest_sizes)
 
 
 class KvReservation:
@@ -69,9 +82,10 @@ class KvReservation:
     step far from a full cache never computes it. ``still_running`` gives the probabilities
     the forecast is made of (``ExpectedOutput.still_running``); ``still_running_row``, the
     same for one candidate (``ExpectedOutput.still_running_row``, which reuses rows across
-    candidates; by default ``still_running`` of one request). ``candidate_fits``, when
-    given (``compiled_candidate_test``), tests a candidate against the forecast in one
-    compiled loop instead of building its ``Occupancy`` in numpy: the same answers.
+    candidates; by default ``still_running`` of one request). ``compiled``, when given
+    (``compiled_tests``), tests a candidate against the forecast in one compiled loop
+    instead of building its ``Occupancy`` in numpy, and sums the bound's sizes in another:
+    the same answers.
     """
 
     def __init__(
@@ -79,12 +93,12 @@ class KvReservation:
         sigmas: float,
         still_running: StillRunningOf,
         still_running_row: StillRunningRowOf | None = None,
-        candidate_fits: CandidateFits | None = None,
+        compiled: CompiledTests | None = None,
     ) -> None:
         self.sigmas = sigmas
         self._still_running = still_running
         self._still_running_row = still_running_row or _row_from(still_running)
-        self._candidate_fits = candidate_fits
+        self._compiled = compiled
         self._columns: tuple[IntArray, IntArray, IntArray] = (
             np.zeros(0, dtype=np.int64),
             np.zeros(0, dtype=np.int64),
@@ -154,13 +168,13 @@ class KvReservation:
         size = self._largest_size(request)
         if self._bound_fits(size, size * size):
             return True
-        if self._candidate_fits is None:
+        if self._compiled is None:
             return self._fits(self._of(request))
         batch = self._occupancy()
         prompt, produced = request.num_prompt_tokens, len(request.token_times_s)
         offsets = self._grid()
         row = self._still_running_row(prompt, produced, request.max_tokens, offsets)
-        return self._candidate_fits(
+        return self._compiled.candidate_fits(
             batch.mean, batch.variance, self._held_by_empty(), row,
             (prompt + produced) / self._block_size, self.sigmas, self._total_blocks,
         )  # fmt: skip
@@ -195,8 +209,14 @@ class KvReservation:
     def _largest_sizes(self) -> tuple[float, float]:
         if self._sizes is None:
             prompts, produced, caps = self._columns
-            sizes = self._largest(prompts + produced, caps - produced)
-            self._sizes = (float(sizes.sum()), float(np.dot(sizes, sizes)))
+            if self._compiled is not None:
+                self._grid()
+                self._sizes = self._compiled.largest_sizes(
+                    prompts, produced, caps, self._grid_last, self._grid_step, self._block_size
+                )
+            else:
+                sizes = self._largest(prompts + produced, caps - produced)
+                self._sizes = (float(sizes.sum()), float(np.dot(sizes, sizes)))
         return self._sizes
 
     def _largest_size(self, request: Request) -> float:

@@ -1,4 +1,4 @@
-"""The KV reservation's admission test of one candidate, in one compiled loop.
+"""The KV reservation's admission tests in compiled loops.
 
 ``KvReservation.admits`` asks, for each candidate that the cheap upper bound cannot pass,
 whether the batch's forecast plus the candidate's own (``Occupancy.one``) stays within the
@@ -8,7 +8,14 @@ Here one loop, compiled by numba, does the same per offset: the same IEEE operat
 same order (no fast-math, so no reassociation or fused multiply-add; ``sqrt`` is correctly
 rounded in both), so it answers exactly as the numpy test does.
 
-The loop is compiled for its one signature when this module is imported (or loaded from
+``largest_sizes`` sums the running requests' largest sizes and their squares for the
+reservation's cheap upper bound (``KvReservation._bound_fits``), which a step computes once
+before its first admission test: in numpy about a dozen operations whatever the batch holds.
+The sums add in sequence, numpy's ``sum`` and ``dot`` in blocks, so they may differ in their
+last bits; the bound has a relative slack of 1e-9 for rounding and only spares the exact
+test when it passes, so the reservation's answers do not depend on them.
+
+The loops are compiled for their signatures when this module is imported (or loaded from
 numba's cache); importing fails with ``ImportError`` where numba is not installed, and the
 reservation then tests in numpy.
 """
@@ -24,6 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
 
 
 def _fits_loop(
@@ -54,6 +62,7 @@ def _fits_loop(
 
 # Read-only arrays: the estimator's cached rows are frozen; writable ones convert.
 _FLOATS = numba.types.Array(numba.float64, 1, "C", readonly=True)
+_INTS = numba.types.Array(numba.int64, 1, "C", readonly=True)
 _fits_compiled = cast(
     Callable[[FloatArray, FloatArray, FloatArray, FloatArray, float, float, float], bool],
     numba.njit(
@@ -89,4 +98,51 @@ def candidate_fits(
 
 def _contiguous(values: FloatArray) -> FloatArray:
     contiguous: FloatArray = np.ascontiguousarray(values, dtype=np.float64)
+    return contiguous
+
+
+def _sizes_loop(
+    prompts: IntArray, produced: IntArray, caps: IntArray, grid_last: int, grid_step: int,
+    block_size: int,
+) -> tuple[float, float]:  # fmt: skip
+    """Sum over requests of h = (prompt + produced + min(left, grid_last) + grid_step) /
+    block_size + 1 (0 for one with no output left, left = cap - produced), and of h^2."""
+    total = 0.0
+    squares = 0.0
+    for j in range(len(prompts)):
+        left = caps[j] - produced[j]
+        if left > 0:
+            reach = left if left < grid_last else grid_last
+            size = (prompts[j] + produced[j] + reach + grid_step) / block_size + 1.0
+            total += size
+            squares += size * size
+    return total, squares
+
+
+_sizes_compiled = cast(
+    Callable[[IntArray, IntArray, IntArray, int, int, int], tuple[float, float]],
+    numba.njit(
+        numba.types.UniTuple(numba.float64, 2)(
+            _INTS, _INTS, _INTS, numba.int64, numba.int64, numba.int64
+        ),
+        cache=True,
+        nogil=True,
+    )(_sizes_loop),
+)
+
+
+def largest_sizes(
+    prompts: IntArray, produced: IntArray, caps: IntArray, grid_last: int, grid_step: int,
+    block_size: int,
+) -> tuple[float, float]:  # fmt: skip
+    """The sum of the requests' largest sizes over the forecast grid (blocks; see
+    ``KvReservation._largest``) and the sum of their squares."""
+    total, squares = _sizes_compiled(
+        _ints(prompts), _ints(produced), _ints(caps), grid_last, grid_step, block_size
+    )
+    return float(total), float(squares)
+
+
+def _ints(values: IntArray) -> IntArray:
+    contiguous: IntArray = np.ascontiguousarray(values, dtype=np.int64)
     return contiguous

@@ -17,7 +17,7 @@ from tokenpace.policy.twp.config import TwpConfig
 from tokenpace.policy.twp.expected import ExpectedOutput
 from tokenpace.policy.twp.gate import GateOutcome, may_admit_any, run_gate
 from tokenpace.policy.twp.kv_guard import KvHeadroomGuard
-from tokenpace.policy.twp.kv_reservation import KvReservation, compiled_candidate_test
+from tokenpace.policy.twp.kv_reservation import KvReservation, compiled_tests
 from tokenpace.policy.twp.ranking import compiled_head, ranked, starving_positions
 from tokenpace.policy.twp.window import WindowController
 from tokenpace.policy.window_state import WindowState, token_window_state
@@ -59,7 +59,7 @@ class TwpPolicy:
             config.kv_margin_sigmas,
             self.expected.still_running,
             self.expected.still_running_row,
-            compiled_candidate_test() if config.output_lengths.compiled else None,
+            compiled_tests() if config.output_lengths.compiled else None,
         )
         self._ranked_head = compiled_head() if config.compiled_ranking else None
         self._token_load = 0.0

@@ -40,7 +40,6 @@ FloatArray = npt.NDArray[np.float64]
 Positions = npt.NDArray[np.intp]
 
 
-
 def _score(
     p: int, enqueued_step: IntArray, arrival_s: FloatArray, prompts: IntArray,
     output: IntArray | FloatArray, now_s: float, step_index: int, mean_remaining: float,

@@ -20,7 +20,7 @@ from tokenpace.metrics.slo import Slo
 from tokenpace.policy.base import POLICIES, Policy
 from tokenpace.policy.twp.expected import ExpectedOutput
 from tokenpace.policy.twp.kv_guard import KvHeadroomGuard
-from tokenpace.policy.twp.kv_reservation import KvReservation, compiled_candidate_test
+from tokenpace.policy.twp.kv_reservation import KvReservation, compiled_tests
 from tokenpace.policy.twp.ranking import compiled_head, ranked, starving_positions
 from tokenpace.policy.twp_slo.config import TwpSloConfig, itl_target_fraction_for_noise
 from tokenpace.policy.twp_slo.deadline import compiled_deferrals, deadline_order, ttft_slack_s
@@ -68,7 +68,7 @@ class TwpSloPolicy:
             config.base.kv_margin_sigmas,
             self.expected.still_running,
             self.expected.still_running_row,
-            compiled_candidate_test() if config.base.output_lengths.compiled else None,
+            compiled_tests() if config.base.output_lengths.compiled else None,
         )
         self._latency = LatencyModel(profile)
         self._deferrals = compiled_deferrals() if config.compiled_deferrals else None
