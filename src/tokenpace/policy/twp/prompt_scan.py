@@ -55,7 +55,7 @@ MAX_SLICES = 8
 
 
 class Outcome(enum.IntEnum):
-    """How a call of the head ended."""
+    """How a call of the compiled scan (``ranking_kernel.ranked_head``) ended."""
 
     EXHAUSTED = 0  # every request not left out was handed out
     LIMIT = 1  # ``limit`` handed out; more may follow
@@ -65,10 +65,10 @@ class Outcome(enum.IntEnum):
 
 @dataclass(frozen=True, slots=True)
 class ScanInputs:
-    """What the scan reads besides the queue's columns: the size order (``keys`` sorted,
-    with their entries' sequence numbers ``sorted_seqs``; the queue's live sequence column
-    ``queue_seqs``; the unsorted tail from ``tail_start``; ``extra`` added to each key) and
-    the step's scoring terms."""
+    """What the compiled scan (``ranking_kernel.ranked_head``) reads besides the queue's
+    columns: the size order (``keys`` sorted, with their entries' sequence numbers
+    ``sorted_seqs``; the queue's live sequence column ``queue_seqs``; the unsorted tail from
+    ``tail_start``; ``extra`` added to each key) and the step's scoring terms."""
 
     sorted_seqs: npt.NDArray[np.int64]
     keys: npt.NDArray[np.int64]
