@@ -48,7 +48,9 @@ def test_killed_engine_requests_resume_on_another_container(
     pooled_server: RunningServer,
 ) -> None:
     url = pooled_server.url
-    wait_for(lambda: all(c["state"] == "warm" for c in health(url)["containers"]), "not warm")
+    # Both containers load the model at start; on a busy 2-core machine that can take over a
+    # minute (test_migration's wait allows the same).
+    wait_for(lambda: all(c["state"] == "warm" for c in health(url)["containers"]), "not warm", 300)
     # A sampled request with a seed: the same text whether or not its engine dies mid-way.
     body = {**LONG, "temperature": 1.0, "top_p": 0.9, "seed": 1234}
     whole = httpx.post(f"{url}/v1/completions", json=body, timeout=180).json()
