@@ -39,9 +39,7 @@ def test_candidate_fits_exactly_where_the_numpy_bound_does(seed: int) -> None:
     # At the bound itself (fits), a last bit below it (does not), and around it.
     for total, fits in ((bound, True), (float(np.nextafter(bound, -np.inf)), False),
                         (bound * 1.5, True), (bound * 0.5, False)):  # fmt: skip
-        answer = kernel.candidate_fits(
-            batch.mean, batch.variance, held_empty, row, tokens / block_size, sigmas, total
-        )
+        answer = kernel.candidate_fits(batch, held_empty, row, tokens / block_size, sigmas, total)
         assert answer is fits
 
 
@@ -51,9 +49,9 @@ def test_nan_in_the_forecast_never_fits() -> None:
     mean = np.zeros(len(offsets))
     mean[5] = np.nan
     row = np.ones(len(offsets))
-    assert not kernel.candidate_fits(mean, np.zeros(len(offsets)), held_empty, row, 1.0, 1.0, 1e9)
-    assert kernel.candidate_fits(np.zeros(len(offsets)), np.zeros(len(offsets)), held_empty,
-                                 row, 1.0, 1.0, 1e9)  # fmt: skip
+    zeros = np.zeros(len(offsets))
+    assert not kernel.candidate_fits(Occupancy(mean, zeros), held_empty, row, 1.0, 1.0, 1e9)
+    assert kernel.candidate_fits(Occupancy(zeros, zeros), held_empty, row, 1.0, 1.0, 1e9)
 
 
 def _each(rows: npt.NDArray[np.float64]) -> StillRunning:

@@ -202,14 +202,20 @@ def test_ranked_yields_the_stable_sort_of_every_score(
         assert [r.request_id for r in got] == [waiting[i].request_id for i in want]
 
 
+def random_queue(size: int, rng: np.random.Generator, max_enqueued_step: int) -> WaitingQueue:
+    """``size`` requests arriving 1 ms apart, prompts 30-512 tokens, max_tokens 20/50/200,
+    each entered the queue at a step below ``max_enqueued_step``."""
+    queue = WaitingQueue()
+    for i in range(size):
+        r = Request(i, int(rng.integers(30, 513)), int(rng.choice([20, 50, 200])), i * 1e-3)
+        r.enqueued_step = int(rng.integers(0, max_enqueued_step))
+        queue.append(r)
+    return queue
+
+
 def test_a_large_queue_ranks_like_the_full_sort() -> None:
     # 5,000 requests: the round path with few contenders per round, as at scale.
-    rng = np.random.default_rng(7)
-    queue = WaitingQueue()
-    for i in range(5000):
-        r = Request(i, int(rng.integers(30, 513)), int(rng.choice([20, 50, 200])), i * 1e-3)
-        r.enqueued_step = int(rng.integers(0, 60))
-        queue.append(r)
+    queue = random_queue(5000, np.random.default_rng(7), 60)
     cfg = TwpConfig()
     for mean in (3.0, 125.0):
         for expected in (None, learned(queue)):

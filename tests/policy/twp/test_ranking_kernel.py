@@ -6,8 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tokenpace.core.queue import WaitingQueue
-from tokenpace.core.request import Request
+from tests.policy.twp.test_ranking_equivalence import random_queue
 from tokenpace.policy.twp import ranking
 from tokenpace.policy.twp.config import TwpConfig
 
@@ -26,11 +25,7 @@ def test_the_head_is_used_only_where_its_exp_is_numpys(monkeypatch: pytest.Monke
 @pytest.mark.parametrize("learned", [False, True])
 def test_a_queue_of_ten_thousand_ranks_as_numpy_does(learned: bool) -> None:
     rng = np.random.default_rng(3)
-    queue = WaitingQueue()
-    for i in range(10_000):
-        r = Request(i, int(rng.integers(30, 513)), int(rng.choice([20, 50, 200])), i * 1e-3)
-        r.enqueued_step = int(rng.integers(0, 40))
-        queue.append(r)
+    queue = random_queue(10_000, rng, 40)
     # Removed entries that the size orders still hold (they drop them only when many).
     queue.remove(range(0, 10_000, 97))
     cfg = TwpConfig()

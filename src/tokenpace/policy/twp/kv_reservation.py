@@ -38,11 +38,9 @@ FloatArray = npt.NDArray[np.float64]
 StillRunningOf = Callable[[IntArray, IntArray, IntArray, IntArray], StillRunning]
 # The same for one request: (prompt, produced, cap, offsets) -> its row.
 StillRunningRowOf = Callable[[int, int, int, IntArray], FloatArray]
-# (batch mean, batch variance, held_by_empty, candidate's row, blocks it holds now, sigmas,
-# total blocks) -> whether it fits: ``occupancy_kernel.candidate_fits``.
-CandidateFits = Callable[
-    [FloatArray, FloatArray, FloatArray, FloatArray, float, float, float], bool
-]
+# (batch's forecast, held_by_empty, candidate's row, blocks it holds now, sigmas, total
+# blocks) -> whether it fits: ``occupancy_kernel.candidate_fits``.
+CandidateFits = Callable[[Occupancy, FloatArray, FloatArray, float, float, float], bool]
 # (prompts, produced, caps, grid's last offset, grid step, block size) -> the sum of the
 # largest sizes and of their squares: ``occupancy_kernel.largest_sizes``.
 LargestSizes = Callable[[IntArray, IntArray, IntArray, int, int, int], tuple[float, float]]
@@ -175,7 +173,7 @@ class KvReservation:
         offsets = self._grid()
         row = self._still_running_row(prompt, produced, request.max_tokens, offsets)
         return self._compiled.candidate_fits(
-            batch.mean, batch.variance, self._held_by_empty(), row,
+            batch, self._held_by_empty(), row,
             (prompt + produced) / self._block_size, self.sigmas, self._total_blocks,
         )  # fmt: skip
 

@@ -30,6 +30,8 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
+from tokenpace.policy.twp.occupancy import Occupancy
+
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
@@ -76,8 +78,7 @@ _fits_compiled = cast(
 
 
 def candidate_fits(
-    batch_mean: FloatArray,
-    batch_variance: FloatArray,
+    batch: Occupancy,
     held_empty: FloatArray,
     still_running: FloatArray,
     held_now: float,
@@ -86,11 +87,11 @@ def candidate_fits(
 ) -> bool:
     """Whether a candidate holding ``held_now`` blocks now (tokens over the block size),
     whose row of probabilities of still running is ``still_running``, fits beside the
-    batch's forecast (``batch_mean``, ``batch_variance``) with ``sigmas`` standard
-    deviations of margin in ``total_blocks`` at every offset. ``held_empty`` is
-    ``occupancy.held_by_empty`` of the grid. Arrays: float64, contiguous, one length."""
+    ``batch``'s forecast with ``sigmas`` standard deviations of margin in ``total_blocks``
+    at every offset. ``held_empty`` is ``occupancy.held_by_empty`` of the grid. Arrays of
+    the grid's length."""
     fits = _fits_compiled(
-        _contiguous(batch_mean), _contiguous(batch_variance), _contiguous(held_empty),
+        _contiguous(batch.mean), _contiguous(batch.variance), _contiguous(held_empty),
         _contiguous(still_running), float(held_now), float(sigmas), float(total_blocks),
     )  # fmt: skip
     return bool(fits)

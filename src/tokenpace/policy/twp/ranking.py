@@ -213,25 +213,27 @@ def _ranked_in_prompt_order(
         smallest = float(expected.min())
         largest_balance = _largest_balance(expected, mean_remaining)
         order = prompt_scan.SizeOrder(waiting.prompt_order(), smallest)
-    if head is not None:
-        yield from _ranked_by_head(
-            waiting, now_s, step_index, mean_remaining, cfg, excluded, expected, output,
-            order, largest_balance, head,
-        )  # fmt: skip
-        return
-    top = prompt_scan.top_fairness(waiting, now_s, output, order)
-    if top is None or not top > 0:
-        yield from _ranked_by_bound(
-            waiting, now_s, step_index, mean_remaining, cfg, excluded, expected
-        )
-        return
-    ceiling = _score_ceiling(waiting, step_index, cfg, largest_balance)
-
-    def exact(positions: npt.NDArray[np.intp], top: float) -> npt.NDArray[np.float64]:
-        return _scores(waiting, positions, now_s, step_index, mean_remaining, top, cfg, output)
 
     def fallback(left_out: npt.NDArray[np.intp]) -> Iterator[Request]:
         return _ranked_by_bound(waiting, now_s, step_index, mean_remaining, cfg, left_out, expected)
+
+    ceiling = _score_ceiling(waiting, step_index, cfg, largest_balance)
+    if head is not None:
+        view = order.view
+        inputs = prompt_scan.ScanInputs(
+            view.sorted_seqs, view.keys, view.queue_seqs, view.tail_start, order.extra, now_s,
+            now_s - waiting.min_arrival_s, step_index, mean_remaining, cfg.w_starvation,
+            cfg.w_balance, cfg.w_fairness, cfg.t_max_steps, ceiling,
+        )  # fmt: skip
+        yield from _ranked_by_head(waiting, inputs, output, excluded, head, fallback)
+        return
+    top = prompt_scan.top_fairness(waiting, now_s, output, order)
+    if top is None or not top > 0:
+        yield from fallback(excluded)
+        return
+
+    def exact(positions: npt.NDArray[np.intp], top: float) -> npt.NDArray[np.float64]:
+        return _scores(waiting, positions, now_s, step_index, mean_remaining, top, cfg, output)
 
     yield from prompt_scan.ranked_by_prompt(
         waiting, now_s, excluded, order, top, ceiling, cfg.w_fairness, exact, fallback
@@ -253,28 +255,16 @@ def _score_ceiling(
 
 def _ranked_by_head(
     waiting: WaitingQueue,
-    now_s: float,
-    step_index: int,
-    mean_remaining: float,
-    cfg: TwpConfig,
-    excluded: npt.NDArray[np.intp],
-    expected: Expected | None,
+    inputs: prompt_scan.ScanInputs,
     output: Expected,
-    order: prompt_scan.SizeOrder,
-    largest_balance: float,
+    excluded: npt.NDArray[np.intp],
     head: RankedHead,
+    fallback: prompt_scan.Fallback,
 ) -> Iterator[Request]:
-    """``_ranked_in_prompt_order``'s scan run by ``head``, ``_HEAD_LIMIT`` requests a call:
-    each call leaves out those already yielded, which continues the same order (the scores
-    do not depend on who is left out); where the scan would hand over to the whole-queue
-    bound, so does this."""
-    view = order.view
-    inputs = prompt_scan.ScanInputs(
-        view.sorted_seqs, view.keys, view.queue_seqs, view.tail_start, order.extra, now_s,
-        now_s - waiting.min_arrival_s, step_index, mean_remaining, cfg.w_starvation,
-        cfg.w_balance, cfg.w_fairness, cfg.t_max_steps,
-        _score_ceiling(waiting, step_index, cfg, largest_balance),
-    )  # fmt: skip
+    """The size-order scan run by ``head``, ``_HEAD_LIMIT`` requests a call: each call
+    leaves out those already yielded, which continues the same order (the scores do not
+    depend on who is left out); where the scan would hand over to the whole-queue bound
+    (``fallback``, given the positions to leave out), so does this."""
     columns = (waiting.enqueued_step, waiting.arrival_s, waiting.num_prompt_tokens, output)
     left_out = excluded
     while True:
@@ -284,9 +274,7 @@ def _ranked_by_head(
             return
         left_out = np.concatenate((left_out, positions))
         if outcome is not prompt_scan.Outcome.LIMIT:
-            yield from _ranked_by_bound(
-                waiting, now_s, step_index, mean_remaining, cfg, left_out, expected
-            )
+            yield from fallback(left_out)
             return
 
 

@@ -109,18 +109,32 @@ def _head_loop(
         skip[p] = True
     pool = np.empty(n, dtype=np.int64)
     pool_scores = np.empty(n, dtype=np.float64)
+    reading = np.empty(max(n - tail_start, slice_size), dtype=np.int64)
     size = 0
-    for p in range(tail_start, n):
-        if not skip[p]:
-            pool[size] = p
-            pool_scores[size] = _score_compiled(
-                p, enqueued_step, arrival_s, prompts, output, now_s, step_index,
-                mean_remaining, top, w1, w2, w3, t_max,
-            )  # fmt: skip
-            size += 1
     count = 0
-    start = 0
+    start = -slice_size  # the first read is the unsorted tail, then the slices in order
     while True:
+        num_read = 0
+        if start < 0:
+            for p in range(tail_start, n):
+                reading[num_read] = p
+                num_read += 1
+        else:
+            for i in range(start, min(start + slice_size, num_sorted)):
+                p = _live_position_compiled(queue_seqs, sorted_seqs[i])
+                if p >= 0:
+                    reading[num_read] = p
+                    num_read += 1
+        for k in range(num_read):
+            p = reading[k]
+            if not skip[p]:
+                pool[size] = p
+                pool_scores[size] = _score_compiled(
+                    p, enqueued_step, arrival_s, prompts, output, now_s, step_index,
+                    mean_remaining, top, w1, w2, w3, t_max,
+                )  # fmt: skip
+                size += 1
+        start += slice_size
         if start < num_sorted:
             ceiling = score_ceiling + w3 * (oldest_wait / (keys[start] + extra) / top)
         else:
@@ -159,16 +173,6 @@ def _head_loop(
             return count, 0
         if start >= max_slices * slice_size:
             return count, 2
-        for i in range(start, min(start + slice_size, num_sorted)):
-            p = _live_position_compiled(queue_seqs, sorted_seqs[i])
-            if p >= 0 and not skip[p]:
-                pool[size] = p
-                pool_scores[size] = _score_compiled(
-                    p, enqueued_step, arrival_s, prompts, output, now_s, step_index,
-                    mean_remaining, top, w1, w2, w3, t_max,
-                )  # fmt: skip
-                size += 1
-        start += slice_size
 
 
 _INTS = numba.types.Array(numba.int64, 1, "C", readonly=True)
