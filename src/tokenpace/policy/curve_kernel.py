@@ -37,12 +37,11 @@ import numpy as np
 import numpy.typing as npt
 
 from tokenpace.policy.curve_stack import BucketedCurves
+from tokenpace.policy.loop_compiler import compile_loop, contiguous_ints
 from tokenpace.policy.output_length import COUNT_TABLE_MAX, SurvivalTables, grid_step
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
-
-_NUMBA_OPTIONS = {"cache": True, "nogil": True}
 
 
 def _read(
@@ -192,10 +191,9 @@ def _fit_loop(events: IntArray, censored: IntArray) -> SurvivalTables:
 
 _fit_compiled = cast(
     Callable[[IntArray, IntArray], SurvivalTables],
-    numba.njit(
+    compile_loop(
         "Tuple((int64[::1], float64[::1], float64[::1], float64[::1], float64[::1]))"
-        "(int64[::1], int64[::1])",
-        **_NUMBA_OPTIONS,
+        "(int64[::1], int64[::1])"
     )(_fit_loop),
 )
 
@@ -204,7 +202,7 @@ def fit_tables(events: IntArray, censored: IntArray) -> SurvivalTables:
     """``SurvivalCurve.fit``'s tables (``starts``, ``survival``, ``area``, ``dense``,
     ``cumulative``) of finished lengths ``events`` (at least one, all positive) and the
     running requests' tokens out ``censored``, to the last bit."""
-    return _fit_compiled(_ints(events), _ints(censored))
+    return _fit_compiled(contiguous_ints(events), contiguous_ints(censored))
 
 
 def _survival(
@@ -303,9 +301,7 @@ _SIGNATURE = (
     f"void({_INTS}, {_INTS}, {_FLOATS}, {_FLOATS}, {_FLOATS}, {_INTS}, {_INTS}, {_FLOATS}, "
     f"boolean, {_INTS}, {_INTS}, {_INTS}, {_FLOATS})"
 )
-_blended_compiled = cast(
-    Callable[..., None], numba.njit(_SIGNATURE, **_NUMBA_OPTIONS)(_blended_loop)
-)
+_blended_compiled = cast(Callable[..., None], compile_loop(_SIGNATURE)(_blended_loop))
 
 
 def blended_remaining(
@@ -320,18 +316,17 @@ def blended_remaining(
     _blended_compiled(
         stack.base, stack.tails, stack.hazards, stack.dense, stack.cumulative,
         curves.edges, curves.stack_index, curves.weights, curves.bucketed,
-        _ints(prompts), _ints(produced), _ints(caps), out,
+        contiguous_ints(prompts), contiguous_ints(produced), contiguous_ints(caps), out,
     )  # fmt: skip
     return out
 
 
 _forecast_compiled = cast(
     Callable[..., tuple[FloatArray, IntArray, IntArray, IntArray, IntArray]],
-    numba.njit(
+    compile_loop(
         f"Tuple((float64[:, ::1], {_INTS}, {_INTS}, {_INTS}, {_INTS}))({_INTS}, {_INTS}, "
         f"{_FLOATS}, {_FLOATS}, {_INTS}, {_INTS}, {_FLOATS}, boolean, {_INTS}, {_INTS}, "
-        f"{_INTS}, {_INTS}, int64)",
-        **_NUMBA_OPTIONS,
+        f"{_INTS}, {_INTS}, int64)"
     )(_forecast_loop),
 )
 
@@ -354,11 +349,6 @@ def forecast_rows(
     stack = curves.stack
     return _forecast_compiled(
         stack.base, stack.tails, stack.hazards, stack.dense, curves.edges, curves.stack_index,
-        curves.weights, curves.bucketed, _ints(prompts), _ints(produced), _ints(caps),
-        _ints(offsets), grid_step(offsets),
+        curves.weights, curves.bucketed, contiguous_ints(prompts), contiguous_ints(produced),
+        contiguous_ints(caps), contiguous_ints(offsets), grid_step(offsets),
     )  # fmt: skip
-
-
-def _ints(values: IntArray) -> IntArray:
-    """``values`` as the contiguous int64 array the compiled loop takes (itself if it is)."""
-    return np.ascontiguousarray(values, dtype=np.int64)

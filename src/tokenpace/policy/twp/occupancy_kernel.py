@@ -30,6 +30,13 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
+from tokenpace.policy.loop_compiler import (
+    READONLY_FLOATS,
+    READONLY_INTS,
+    compile_loop,
+    contiguous_floats,
+    contiguous_ints,
+)
 from tokenpace.policy.twp.occupancy import Occupancy
 
 FloatArray = npt.NDArray[np.float64]
@@ -62,17 +69,13 @@ def _fits_loop(
     return True
 
 
-# Read-only arrays: the estimator's cached rows are frozen; writable ones convert.
-_FLOATS = numba.types.Array(numba.float64, 1, "C", readonly=True)
-_INTS = numba.types.Array(numba.int64, 1, "C", readonly=True)
+_FLOATS, _INTS = READONLY_FLOATS, READONLY_INTS
 _fits_compiled = cast(
     Callable[[FloatArray, FloatArray, FloatArray, FloatArray, float, float, float], bool],
-    numba.njit(
+    compile_loop(
         numba.boolean(
             _FLOATS, _FLOATS, _FLOATS, _FLOATS, numba.float64, numba.float64, numba.float64
-        ),
-        cache=True,
-        nogil=True,
+        )
     )(_fits_loop),
 )
 
@@ -91,15 +94,11 @@ def candidate_fits(
     at every offset. ``held_empty`` is ``occupancy.held_by_empty`` of the grid. Arrays of
     the grid's length."""
     fits = _fits_compiled(
-        _contiguous(batch.mean), _contiguous(batch.variance), _contiguous(held_empty),
-        _contiguous(still_running), float(held_now), float(sigmas), float(total_blocks),
+        contiguous_floats(batch.mean), contiguous_floats(batch.variance),
+        contiguous_floats(held_empty), contiguous_floats(still_running), float(held_now),
+        float(sigmas), float(total_blocks),
     )  # fmt: skip
     return bool(fits)
-
-
-def _contiguous(values: FloatArray) -> FloatArray:
-    contiguous: FloatArray = np.ascontiguousarray(values, dtype=np.float64)
-    return contiguous
 
 
 def _sizes_loop(
@@ -122,12 +121,10 @@ def _sizes_loop(
 
 _sizes_compiled = cast(
     Callable[[IntArray, IntArray, IntArray, int, int, int], tuple[float, float]],
-    numba.njit(
+    compile_loop(
         numba.types.UniTuple(numba.float64, 2)(
             _INTS, _INTS, _INTS, numba.int64, numba.int64, numba.int64
-        ),
-        cache=True,
-        nogil=True,
+        )
     )(_sizes_loop),
 )
 
@@ -139,11 +136,11 @@ def largest_sizes(
     """The sum of the requests' largest sizes over the forecast grid (blocks; see
     ``KvReservation._largest``) and the sum of their squares."""
     total, squares = _sizes_compiled(
-        _ints(prompts), _ints(produced), _ints(caps), grid_last, grid_step, block_size
+        contiguous_ints(prompts),
+        contiguous_ints(produced),
+        contiguous_ints(caps),
+        grid_last,
+        grid_step,
+        block_size,
     )
     return float(total), float(squares)
-
-
-def _ints(values: IntArray) -> IntArray:
-    contiguous: IntArray = np.ascontiguousarray(values, dtype=np.int64)
-    return contiguous

@@ -32,6 +32,13 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
+from tokenpace.policy.loop_compiler import (
+    READONLY_FLOATS,
+    READONLY_INTS,
+    compile_loop,
+    contiguous_floats,
+    contiguous_ints,
+)
 from tokenpace.policy.twp import prompt_scan
 from tokenpace.policy.twp.prompt_scan import Outcome, ScanInputs
 
@@ -175,9 +182,7 @@ def _head_loop(
             return count, 2
 
 
-_INTS = numba.types.Array(numba.int64, 1, "C", readonly=True)
-_FLOATS = numba.types.Array(numba.float64, 1, "C", readonly=True)
-_OPTIONS = {"cache": True, "nogil": True}
+_INTS, _FLOATS = READONLY_INTS, READONLY_FLOATS
 
 
 def _signature(output: numba.types.Type) -> numba.core.typing.Signature:
@@ -191,7 +196,7 @@ def _signature(output: numba.types.Type) -> numba.core.typing.Signature:
 HeadLoop = Callable[..., tuple[int, int]]
 _head_compiled = cast(
     HeadLoop,
-    numba.njit([_signature(_INTS), _signature(_FLOATS)], **_OPTIONS)(_head_loop),
+    compile_loop([_signature(_INTS), _signature(_FLOATS)])(_head_loop),
 )
 
 
@@ -200,7 +205,7 @@ def _exp_loop(values: FloatArray, out: FloatArray) -> None:
         out[i] = math.exp(values[i])
 
 
-_exp_compiled = numba.njit("void(float64[::1], float64[::1])", **_OPTIONS)(_exp_loop)
+_exp_compiled = compile_loop("void(float64[::1], float64[::1])")(_exp_loop)
 
 
 def exp_matches_numpy() -> bool:
@@ -233,9 +238,10 @@ def ranked_head(
     request's expected ``output`` (max_tokens, or learned estimates)."""
     out = np.empty(limit, dtype=np.int64)
     count, outcome = _head_compiled(
-        _ints(inputs.sorted_seqs), _ints(inputs.keys), _ints(inputs.queue_seqs),
-        inputs.tail_start, _ints(excluded), _ints(enqueued_step),
-        np.ascontiguousarray(arrival_s, dtype=np.float64), _ints(prompts),
+        contiguous_ints(inputs.sorted_seqs), contiguous_ints(inputs.keys),
+        contiguous_ints(inputs.queue_seqs),
+        inputs.tail_start, contiguous_ints(excluded), contiguous_ints(enqueued_step),
+        contiguous_floats(arrival_s), contiguous_ints(prompts),
         _column(output),
         inputs.extra, inputs.now_s, inputs.oldest_wait_s, inputs.step_index,
         inputs.mean_remaining, inputs.w_starvation, inputs.w_balance, inputs.w_fairness,
@@ -249,12 +255,5 @@ def ranked_head(
 def _column(output: IntArray | FloatArray) -> IntArray | FloatArray:
     """Expected outputs as the loop takes them: int64 budgets or float64 estimates."""
     if np.issubdtype(output.dtype, np.floating):
-        floats: FloatArray = np.ascontiguousarray(output, dtype=np.float64)
-        return floats
-    ints: IntArray = np.ascontiguousarray(output, dtype=np.int64)
-    return ints
-
-
-def _ints(values: npt.NDArray[np.integer]) -> IntArray:
-    ints: IntArray = np.ascontiguousarray(values, dtype=np.int64)
-    return ints
+        return contiguous_floats(output)
+    return contiguous_ints(output)

@@ -19,9 +19,10 @@ import math
 from collections.abc import Callable
 from typing import cast
 
-import numba
 import numpy as np
 import numpy.typing as npt
+
+from tokenpace.policy.loop_compiler import compile_loop, contiguous_floats, contiguous_ints
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -85,11 +86,9 @@ def _deferral_loop(
 
 _compiled = cast(
     Callable[..., None],
-    numba.njit(
-        "void(int64[::1], float64[::1], float64, float64, float64, boolean[::1])",
-        cache=True,
-        nogil=True,
-    )(_deferral_loop),
+    compile_loop("void(int64[::1], float64[::1], float64, float64, float64, boolean[::1])")(
+        _deferral_loop
+    ),
 )
 
 
@@ -106,8 +105,8 @@ def deferred_ranks(
     seconds (``deadline.moore_hodgson``'s arithmetic)."""
     deferred = np.zeros(len(prompts), dtype=np.bool_)
     _compiled(
-        np.ascontiguousarray(prompts, dtype=np.int64),
-        np.ascontiguousarray(deadlines, dtype=np.float64),
+        contiguous_ints(prompts),
+        contiguous_floats(deadlines),
         float(backlog_tokens), float(per_step), float(step_s), deferred,
     )  # fmt: skip
     return deferred
