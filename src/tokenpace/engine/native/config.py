@@ -77,6 +77,12 @@ class NativeEngineConfig:
         "CPU with float32 KV; sdpa elsewhere).",
         choices=DECODE_ATTENTION,
     )
+    small_ops_max_elements: int = option(
+        -1,
+        "On CPU, elementwise work of a step (conversions, norms, activations) whose largest "
+        "tensor holds at most this many elements runs on one thread instead of waking the "
+        "others (same values); -1 measures the crossover at load, 0 never.",
+    )
 
     def __post_init__(self) -> None:
         require_positive(
@@ -86,6 +92,11 @@ class NativeEngineConfig:
             raise ValueError(
                 "NativeEngineConfig.upcast_min_tokens must be -1 (measure), 0 (never) or "
                 f"positive, got {self.upcast_min_tokens}"
+            )
+        if self.small_ops_max_elements < -1:
+            raise ValueError(
+                "NativeEngineConfig.small_ops_max_elements must be -1 (measure), 0 (never) or "
+                f"positive, got {self.small_ops_max_elements}"
             )
         if self.pack_weights not in PACK_WEIGHTS:
             raise ValueError(

@@ -41,6 +41,7 @@ from tokenpace.engine.native.linear_kernels import (
 from tokenpace.engine.native.loading import LoadedModel, load_model
 from tokenpace.engine.native.logprobs import token_logprobs
 from tokenpace.engine.native.sampler import sample
+from tokenpace.engine.native.small_ops import SmallOps, measure_small_ops_max_elements
 from tokenpace.engine.native.stopping import should_stop
 from tokenpace.workload.prompt_ids import prompt_ids
 
@@ -80,11 +81,12 @@ class NativeEngine(BlockAccountedEngine):
         self._fused: FusedForward | None = None
         self.upcast_min_rows: int | None = None
         self._kernel: LinearKernel | None = None
+        self.small_ops = SmallOps(self._choose_small_ops_max_elements())
         if config.fused_forward and unsupported_reason(self._model) is None:
             # The first layer's gate projection: the largest kind of product in a layer.
             probe = self._model.model.layers[0].mlp.gate_proj.weight
             self._kernel = self._choose_kernel(probe)
-            self._fused = FusedForward(self._model, self._kernel)
+            self._fused = FusedForward(self._model, self._kernel, self.small_ops)
         model_config = self._model.config
         head_dim = getattr(model_config, "head_dim", None) or (
             model_config.hidden_size // model_config.num_attention_heads
@@ -122,7 +124,19 @@ class NativeEngine(BlockAccountedEngine):
         self.upcast_min_rows = self._choose_upcast(weight, packed_upcast)
         if self.upcast_min_rows is None and self._choose_packing(weight):
             return PackedLinear()
-        return UpcastLinear(self.upcast_min_rows, packed=packed_upcast)
+        return UpcastLinear(self.upcast_min_rows, packed=packed_upcast, small_ops=self.small_ops)
+
+    def _choose_small_ops_max_elements(self) -> int:
+        """Up to how many elements a step's elementwise work runs on one thread (see
+        ``small_ops``): the configured value, else on the CPU measured at load
+        (``measure_small_ops_max_elements``); 0 on other devices, whose kernels do not
+        split work over CPU threads."""
+        setting = self.config.small_ops_max_elements
+        if setting >= 0:
+            return setting
+        if self.loaded.device.type != "cpu":
+            return 0
+        return measure_small_ops_max_elements(self._clock)
 
     def _packs_upcast(self, weight: torch.Tensor) -> bool:
         """Whether float32 products, where they are used, read packed float32 copies: for
@@ -431,7 +445,8 @@ class NativeEngine(BlockAccountedEngine):
                     torch.tensor(sample_rows, dtype=torch.long, device=device),
                     layout,
                 )
-            return fused.float().cpu()
+                with self.small_ops.one_thread(fused.numel()):
+                    return fused.float().cpu()
         with torch.inference_mode():
             out = self._model(
                 input_ids=torch.tensor([token_ids], dtype=torch.long, device=device),

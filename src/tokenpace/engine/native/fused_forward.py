@@ -21,6 +21,7 @@ import torch
 
 from tokenpace.engine.native.attention import StepLayout, attend
 from tokenpace.engine.native.linear_kernels import LinearKernel, PreparedWeight, UpcastLinear
+from tokenpace.engine.native.small_ops import NO_SMALL_OPS, SmallOps
 
 SUPPORTED_MODEL_TYPES = frozenset({"llama"})
 
@@ -75,11 +76,14 @@ class FusedForward:
 
     Construction fuses the weights in place (the model stays usable by its own code).
     ``kernel`` computes every projection (default torch's product; see
-    ``linear_kernels``), on the weights it prepared at construction. Raises ValueError with
-    the reason when ``unsupported_reason(model)`` is not None.
+    ``linear_kernels``), on the weights it prepared at construction. The elementwise work
+    between products runs as ``small_ops`` says (on one thread for small steps). Raises
+    ValueError with the reason when ``unsupported_reason(model)`` is not None.
     """
 
-    def __init__(self, model: Any, kernel: LinearKernel | None = None) -> None:
+    def __init__(
+        self, model: Any, kernel: LinearKernel | None = None, small_ops: SmallOps = NO_SMALL_OPS
+    ) -> None:
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"the fused forward cannot run this model: {reason}")
@@ -87,6 +91,7 @@ class FusedForward:
         chosen: LinearKernel = kernel if kernel is not None else UpcastLinear(None)
         prepare = chosen.prepare
         self._linear = chosen
+        self._small_ops = small_ops
         self._inner = model.model
         self._lm_head = prepare(model.lm_head.weight)
         self._eps = float(config.rms_norm_eps)
@@ -111,6 +116,12 @@ class FusedForward:
             )
             for i, layer in enumerate(self._inner.layers)
         ]
+        # Per token, the most elements any elementwise operation of a layer touches.
+        self._widest = max(
+            int(config.hidden_size),
+            int(config.intermediate_size),
+            (self._num_heads + 2 * self._num_kv_heads) * self._head_dim,
+        )
 
     def __call__(
         self,
@@ -130,12 +141,16 @@ class FusedForward:
         num_tokens = x.shape[0]
         q_heads, kv_heads, dim = self._num_heads, self._num_kv_heads, self._head_dim
         linear = self._linear
+        # The elementwise work between the products and attention (see ``small_ops``).
+        small = self._small_ops.one_thread(num_tokens * self._widest)
         for layer in self._layers:
-            h = _rms_norm(x, layer.input_norm, self._eps)
+            with small:
+                h = _rms_norm(x, layer.input_norm, self._eps)
             qkv = linear(h, layer.qkv).view(num_tokens, q_heads + 2 * kv_heads, dim)
-            qk = qkv[:, : q_heads + kv_heads]
-            turned = torch.cat((qk[..., half:], qk[..., :half]), dim=-1)
-            qk = qk * cos + turned * sin
+            with small:
+                qk = qkv[:, : q_heads + kv_heads]
+                turned = torch.cat((qk[..., half:], qk[..., :half]), dim=-1)
+                qk = qk * cos + turned * sin
             out = attend(
                 layer.index,
                 qk[:, :q_heads],
@@ -144,9 +159,16 @@ class FusedForward:
                 layout,
                 layer.scale,
             )
-            x = x + linear(out.reshape(num_tokens, q_heads * dim), layer.o)
-            h = _rms_norm(x, layer.post_norm, self._eps)
+            attended = linear(out.reshape(num_tokens, q_heads * dim), layer.o)
+            with small:
+                x = x + attended
+                h = _rms_norm(x, layer.post_norm, self._eps)
             gate, up = linear(h, layer.gate_up).chunk(2, dim=-1)
-            x = x + linear(layer.act(gate) * up, layer.down)
-        h = _rms_norm(x[sample_rows], self._inner.norm.weight, self._eps)
+            with small:
+                activated = layer.act(gate) * up
+            projected = linear(activated, layer.down)
+            with small:
+                x = x + projected
+        with small:
+            h = _rms_norm(x[sample_rows], self._inner.norm.weight, self._eps)
         return linear(h, self._lm_head)

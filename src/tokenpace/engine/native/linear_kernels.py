@@ -43,6 +43,7 @@ import torch.nn.functional as F
 
 from tokenpace.core.procfs import proc_field
 from tokenpace.engine.native.interleaved import beats
+from tokenpace.engine.native.small_ops import NO_SMALL_OPS, SmallOps
 
 Clock = Callable[[], float]
 # float32 bytes per converted block: small enough to stay in a core's L2 cache.
@@ -86,10 +87,12 @@ class UpcastLinear:
     """``linear(x, w)``: ``F.linear`` for fewer than ``min_rows`` rows of ``x`` (or always,
     when ``min_rows`` is None), else the float32 product, in ``x``'s dtype: on the packed
     float32 copy that ``prepare`` makes when ``packed`` (and ``min_rows`` is set), else on
-    blocks converted per call."""
+    blocks converted per call. The packed product converts its input and output as
+    ``small_ops`` says (on one thread when small)."""
 
     min_rows: int | None
     packed: bool = False
+    small_ops: SmallOps = NO_SMALL_OPS
 
     @property
     def name(self) -> str:
@@ -107,7 +110,7 @@ class UpcastLinear:
         if self.min_rows is None or x.shape[0] < self.min_rows:
             return F.linear(x, prepared.plain)
         if prepared.packed is not None:
-            return packed_upcast_linear(x, prepared.packed)
+            return packed_upcast_linear(x, prepared.packed, self.small_ops)
         return upcast_linear(x, prepared.plain)
 
 
@@ -150,10 +153,17 @@ def pack_float32(weight: torch.Tensor) -> torch.Tensor:
     return _onednn_reorder(weight.to(torch.float32))
 
 
-def packed_upcast_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+def packed_upcast_linear(
+    x: torch.Tensor, packed: torch.Tensor, small_ops: SmallOps = NO_SMALL_OPS
+) -> torch.Tensor:
     """``x @ weight.T`` computed in float32 from ``pack_float32(weight)`` (``x`` upcast
-    exactly, float32 accumulation in oneDNN's order), the result in ``x.dtype``."""
-    return _onednn_linear(x.to(torch.float32), packed).to(x.dtype)
+    exactly, float32 accumulation in oneDNN's order), the result in ``x.dtype``; the two
+    conversions run as ``small_ops`` says."""
+    with small_ops.one_thread(x.numel()):
+        x32 = x.to(torch.float32)
+    out = _onednn_linear(x32, packed)
+    with small_ops.one_thread(out.numel()):
+        return out.to(x.dtype)
 
 
 def _onednn_reorder(weight: torch.Tensor) -> torch.Tensor:

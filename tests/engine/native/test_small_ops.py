@@ -1,0 +1,143 @@
+"""Small elementwise work on one thread: the switch, the measured limit, the same values."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from tokenpace.core.request import Request
+from tokenpace.core.sampling import SamplingParams
+from tokenpace.core.step import ScheduledChunk
+from tokenpace.engine.native import NativeEngine, NativeEngineConfig
+from tokenpace.engine.native.linear_kernels import packing_supported
+from tokenpace.engine.native.small_ops import (
+    SMALL_OPS_PROBE_ELEMENTS,
+    TORCH_PARALLEL_MIN_ELEMENTS,
+    SmallOps,
+    measure_small_ops_max_elements,
+)
+
+pytestmark = pytest.mark.native
+
+TINY = "random:tiny-llama"
+
+
+@pytest.fixture
+def two_threads() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.usefixtures("two_threads")
+def test_small_work_runs_on_one_thread_and_the_count_comes_back() -> None:
+    small_ops = SmallOps(max_elements=1 << 20)
+    with small_ops.one_thread(TORCH_PARALLEL_MIN_ELEMENTS + 1):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == 2
+    # torch runs it on one thread anyway; too large; nothing ever.
+    for ops, size in [
+        (small_ops, TORCH_PARALLEL_MIN_ELEMENTS),
+        (small_ops, (1 << 20) + 1),
+        (SmallOps(), TORCH_PARALLEL_MIN_ELEMENTS + 1),
+    ]:
+        with ops.one_thread(size):
+            assert torch.get_num_threads() == 2
+    with pytest.raises(RuntimeError), small_ops.one_thread(1 << 19):
+        raise RuntimeError("the count comes back after an error too")
+    assert torch.get_num_threads() == 2
+
+
+def _scripted_clock(one_thread_s: list[float]) -> Any:
+    """Per probed size, 3 repeats of start, middle and end: torch's split takes 1 s, one
+    thread the given time."""
+    times: list[float] = []
+    for seconds in one_thread_s:
+        for _ in range(3):
+            start = 10.0 * len(times)
+            times += [start, start + 1.0, start + 1.0 + seconds]
+    return iter(times).__next__
+
+
+@pytest.mark.usefixtures("two_threads")
+def test_the_limit_is_the_largest_size_before_one_thread_first_loses() -> None:
+    first, second = SMALL_OPS_PROBE_ELEMENTS[:2]
+    wins_twice = _scripted_clock([0.5, 0.5, 2.0, 0.5])
+    assert measure_small_ops_max_elements(wins_twice, repeats=3) == second
+    assert measure_small_ops_max_elements(_scripted_clock([0.5, 2.0]), repeats=3) == first
+    assert measure_small_ops_max_elements(_scripted_clock([2.0]), repeats=3) == 0
+    everywhere = _scripted_clock([0.5] * len(SMALL_OPS_PROBE_ELEMENTS))
+    assert measure_small_ops_max_elements(everywhere, repeats=3) == SMALL_OPS_PROBE_ELEMENTS[-1]
+
+
+def test_one_torch_thread_needs_no_measurement() -> None:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert measure_small_ops_max_elements(_scripted_clock([])) == 0
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_negative_limit_other_than_measure_is_refused() -> None:
+    with pytest.raises(ValueError, match="small_ops_max_elements must be -1"):
+        NativeEngineConfig(small_ops_max_elements=-2)
+
+
+def _prompt_logprobs(engine: NativeEngine) -> dict[str, Any]:
+    """One step prefilling 104 tokens of two prompts whole (104 x the tiny model's 512
+    intermediate values per layer: past torch's split), with every prompt token's
+    log-probability."""
+    params = SamplingParams(ignore_eos=True, prompt_logprobs=2, logprobs=2)
+    requests = [Request(i, n, 4, 0.0, sampling=params) for i, n in ((1, 40), (2, 64))]
+    result = engine.execute([ScheduledChunk(r, r.num_prompt_tokens) for r in requests])
+    for request in requests:
+        engine.free(request.request_id)
+    return {
+        "sampled": result.sampled_token_ids,
+        "prompt": engine.step_prompt_logprobs,
+        "step": engine.step_logprobs,
+    }
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_small_work_on_one_thread_gives_the_same_values(
+    dtype: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # bfloat16 with float32 products on packed copies converts each product's input and
+    # output, as such a step does on a CPU without bfloat16 instructions.
+    upcast = dtype == "bfloat16" and packing_supported(torch.float32) is None
+    settings: dict[str, Any] = {"upcast_min_tokens": 1} if upcast else {}
+
+    def config(limit: int) -> NativeEngineConfig:
+        return NativeEngineConfig(
+            model=TINY, device="cpu", num_threads=2, dtype=dtype,
+            small_ops_max_elements=limit, **settings,
+        )  # fmt: skip
+
+    split = NativeEngine.load(config(0), rng=np.random.default_rng(0))
+    alone = NativeEngine(split.loaded, config(1 << 20), time.perf_counter, np.random.default_rng(0))
+    before = torch.get_num_threads()
+    try:
+        assert (split.small_ops, alone.small_ops) == (SmallOps(0), SmallOps(1 << 20))
+        reference = _prompt_logprobs(split)
+        switches: list[int] = []
+        set_num_threads = torch.set_num_threads
+
+        def counted(threads: int) -> None:
+            switches.append(threads)
+            set_num_threads(threads)
+
+        monkeypatch.setattr(torch, "set_num_threads", counted)
+        assert _prompt_logprobs(alone) == reference
+        assert switches.count(1) >= 4 * 5  # every elementwise stretch of every layer
+    finally:
+        torch.set_num_threads(before)
