@@ -27,6 +27,13 @@ pytestmark = pytest.mark.native
 TINY = "random:tiny-llama"
 
 
+@pytest.fixture(autouse=True)
+def thread_count_settable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's own ``set_num_threads``: a vLLM engine loaded earlier in this test process
+    replaces it with a no-op (see ``OneThread``)."""
+    monkeypatch.setattr(torch, "set_num_threads", torch._C.set_num_threads)
+
+
 @pytest.fixture
 def two_threads() -> Iterator[None]:
     before = torch.get_num_threads()
@@ -35,6 +42,15 @@ def two_threads() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.usefixtures("two_threads")
+def test_nothing_changes_where_the_thread_count_cannot_be_set() -> None:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch, "set_num_threads", lambda threads: None)
+        with SmallOps(max_elements=1 << 20).one_thread(1 << 19):
+            assert torch.get_num_threads() == 2
+        assert torch.get_num_threads() == 2
 
 
 @pytest.mark.usefixtures("two_threads")
@@ -130,7 +146,7 @@ def test_small_work_on_one_thread_gives_the_same_values(
         assert (split.small_ops, alone.small_ops) == (SmallOps(0), SmallOps(1 << 20))
         reference = _prompt_logprobs(split)
         switches: list[int] = []
-        set_num_threads = torch.set_num_threads
+        set_num_threads = torch._C.set_num_threads
 
         def counted(threads: int) -> None:
             switches.append(threads)

@@ -41,7 +41,9 @@ class OneThread(AbstractContextManager[None]):
     """Within the block, torch's CPU operations run on the calling thread; on leaving it,
     the thread count in force before is restored. Reusable, not reentrant. It changes
     torch's process-wide intra-op thread count, so another thread computing with torch
-    meanwhile would run on one thread too."""
+    meanwhile would run on one thread too. Where the process has disabled
+    ``torch.set_num_threads`` (vLLM's CPU worker does, once it has bound its threads to
+    cores) it changes nothing."""
 
     __slots__ = ("_threads",)
 
@@ -49,9 +51,12 @@ class OneThread(AbstractContextManager[None]):
         self._threads = 0
 
     def __enter__(self) -> None:
-        self._threads = torch.get_num_threads()
-        if self._threads > 1:
+        threads = torch.get_num_threads()
+        self._threads = 0
+        if threads > 1:
             torch.set_num_threads(1)
+            if torch.get_num_threads() == 1:
+                self._threads = threads
 
     def __exit__(
         self,
@@ -59,7 +64,7 @@ class OneThread(AbstractContextManager[None]):
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        if self._threads > 1:
+        if self._threads:
             torch.set_num_threads(self._threads)
 
 
