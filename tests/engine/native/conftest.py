@@ -116,3 +116,14 @@ def make_request(
         prompt_token_ids=list(ids),
         sampling=SamplingParams(**sampling),
     )
+
+
+def scripted_clock(candidate_s: list[float], repeats: int = 3) -> Callable[[], float]:
+    """A clock for ``interleaved.beats`` probes: per probe, ``repeats`` repeats of start,
+    middle and end readings, the baseline taking 1 s and the candidate the given time."""
+    times: list[float] = []
+    for seconds in candidate_s:
+        for _ in range(repeats):
+            start = 10.0 * len(times)
+            times += [start, start + 1.0, start + 1.0 + seconds]
+    return iter(times).__next__

@@ -21,6 +21,8 @@ from tokenpace.engine.native.attention import (  # noqa: E402
 )
 from tokenpace.engine.native.kv_cache import KVShape, SlotKVCache  # noqa: E402
 
+from .conftest import scripted_clock  # noqa: E402
+
 pytestmark = pytest.mark.native
 
 Q_HEADS, KV_HEADS, DIM = 4, 2, 8
@@ -134,27 +136,16 @@ def test_score_bias_repeats_each_slots_mask_for_its_heads() -> None:
     assert bias[:, 0].tolist() == expected
 
 
-def _scripted_clock(products_s: list[float]) -> Any:
-    """Per probed context, 3 repeats of start, middle and end: SDPA takes 1 s, the
-    products the given time."""
-    times: list[float] = []
-    for seconds in products_s:
-        for _ in range(3):
-            start = 10.0 * len(times)
-            times += [start, start + 1.0, start + 1.0 + seconds]
-    return iter(times).__next__
-
-
 def test_products_reach_the_longest_context_before_their_first_loss() -> None:
     shortest = PRODUCTS_PROBE_MIN_LEN
     # Probed contexts: shortest, 2x, 4x, 8x (the engine's longest).
     longest = 8 * shortest
-    faster_then_slower = _scripted_clock([0.5, 0.5, 2.0, 0.5])
+    faster_then_slower = scripted_clock([0.5, 0.5, 2.0, 0.5])
     assert measure_products_max_len(2, 2, 8, torch.float32, longest, faster_then_slower) == (
         2 * shortest
     )
-    assert measure_products_max_len(2, 2, 8, torch.float32, longest, _scripted_clock([2.0])) is None
-    everywhere = _scripted_clock([0.5] * 4)
+    assert measure_products_max_len(2, 2, 8, torch.float32, longest, scripted_clock([2.0])) is None
+    everywhere = scripted_clock([0.5] * 4)
     assert measure_products_max_len(2, 2, 8, torch.float32, longest, everywhere) == longest
     # An engine whose longest context is below the shortest probe probes that context alone.
-    assert measure_products_max_len(2, 2, 8, torch.float32, 40, _scripted_clock([0.5])) == 40
+    assert measure_products_max_len(2, 2, 8, torch.float32, 40, scripted_clock([0.5])) == 40

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import numpy as np
 import pytest
@@ -18,7 +17,8 @@ from tokenpace.engine.native.linear_kernels import (
     measure_split_min_bytes,
 )
 
-from .test_fused_forward import TINY, _greedy
+from .conftest import scripted_clock
+from .test_fused_forward import TINY, _greedy, assert_mostly_the_same_tokens
 
 pytestmark = pytest.mark.native
 
@@ -48,34 +48,23 @@ def test_only_contiguous_bfloat16_cpu_weights_are_read() -> None:
     assert bits.dtype == np.uint16 and bits.shape == (4, 8)
 
 
-def _scripted_clock(candidate_s: list[float]) -> Any:
-    """Per probe, 3 repeats of start, middle and end: the baseline takes 1 s, the
-    candidate the given time."""
-    times: list[float] = []
-    for seconds in candidate_s:
-        for _ in range(3):
-            start = 10.0 * len(times)
-            times += [start, start + 1.0, start + 1.0 + seconds]
-    return iter(times).__next__
-
-
 def test_weights_split_from_the_smallest_size_at_which_splitting_wins_for_all_larger() -> None:
     small, large = [_weight(8, 16)], [_weight(64, 16)]
     # Probed largest first.
-    assert measure_split_min_bytes([small, large], _scripted_clock([0.5, 2.0]), 3) == 64 * 32
-    assert measure_split_min_bytes([large, small], _scripted_clock([0.5, 0.5]), 3) == 8 * 32
-    assert measure_split_min_bytes([small, large], _scripted_clock([2.0]), 3) == 64 * 32 + 1
+    assert measure_split_min_bytes([small, large], scripted_clock([0.5, 2.0]), 3) == 64 * 32
+    assert measure_split_min_bytes([large, small], scripted_clock([0.5, 0.5]), 3) == 8 * 32
+    assert measure_split_min_bytes([small, large], scripted_clock([2.0]), 3) == 64 * 32 + 1
 
 
 def test_few_rows_reach_the_last_count_that_wins_alone_and_summed() -> None:
     weights = [_weight(32, 16, seed) for seed in range(2)]
     kernel = UpcastLinear(min_rows=4)
     # A near tie at one row, clear wins at two and four, a loss at eight.
-    assert measure_few_rows(kernel, weights, _scripted_clock([1.05, 0.5, 0.5, 2.0]), 3) == 4
-    assert measure_few_rows(kernel, weights, _scripted_clock([2.0, 1.5, 0.9, 2.0]), 3) == 0
-    everywhere = _scripted_clock([0.5] * len(FEW_ROWS_PROBE_ROWS))
+    assert measure_few_rows(kernel, weights, scripted_clock([1.05, 0.5, 0.5, 2.0]), 3) == 4
+    assert measure_few_rows(kernel, weights, scripted_clock([2.0, 1.5, 0.9, 2.0]), 3) == 0
+    everywhere = scripted_clock([0.5] * len(FEW_ROWS_PROBE_ROWS))
     assert measure_few_rows(kernel, weights, everywhere, 3) == FEW_ROWS_PROBE_ROWS[-1]
-    assert measure_few_rows(kernel, [torch.zeros(4, 4)], _scripted_clock([]), 3) == 0
+    assert measure_few_rows(kernel, [torch.zeros(4, 4)], scripted_clock([]), 3) == 0
 
 
 def test_the_engine_reads_bfloat16_weights_for_few_rows_keeping_greedy_outputs() -> None:
@@ -88,14 +77,7 @@ def test_the_engine_reads_bfloat16_weights_for_few_rows_keeping_greedy_outputs()
     plain = NativeEngine.load(config(0), rng=np.random.default_rng(0))
     few = NativeEngine(plain.loaded, config(64), time.perf_counter, np.random.default_rng(0))
     assert (plain.bf16_rows_max_tokens, few.bf16_rows_max_tokens) == (0, 64)
-    outputs, reference = _greedy(few), _greedy(plain)
-    pairs = [
-        (a, b)
-        for out, ref in zip(outputs, reference, strict=True)
-        for a, b in zip(out, ref, strict=True)
-    ]
-    # As for the float32 products: a wrong product would agree about once in 32768.
-    assert sum(a == b for a, b in pairs) >= 0.5 * len(pairs)
+    assert_mostly_the_same_tokens(_greedy(few), _greedy(plain))
 
 
 def test_reading_bfloat16_weights_is_refused_for_float32_ones() -> None:

@@ -22,6 +22,8 @@ from tokenpace.engine.native.small_ops import (
     measure_small_ops_max_elements,
 )
 
+from .conftest import scripted_clock
+
 pytestmark = pytest.mark.native
 
 TINY = "random:tiny-llama"
@@ -72,25 +74,14 @@ def test_small_work_runs_on_one_thread_and_the_count_comes_back() -> None:
     assert torch.get_num_threads() == 2
 
 
-def _scripted_clock(one_thread_s: list[float]) -> Any:
-    """Per probed size, 3 repeats of start, middle and end: torch's split takes 1 s, one
-    thread the given time."""
-    times: list[float] = []
-    for seconds in one_thread_s:
-        for _ in range(3):
-            start = 10.0 * len(times)
-            times += [start, start + 1.0, start + 1.0 + seconds]
-    return iter(times).__next__
-
-
 @pytest.mark.usefixtures("two_threads")
 def test_the_limit_is_the_largest_size_before_one_thread_first_loses() -> None:
     first, second = SMALL_OPS_PROBE_ELEMENTS[:2]
-    wins_twice = _scripted_clock([0.5, 0.5, 2.0, 0.5])
+    wins_twice = scripted_clock([0.5, 0.5, 2.0, 0.5])
     assert measure_small_ops_max_elements(wins_twice, repeats=3) == second
-    assert measure_small_ops_max_elements(_scripted_clock([0.5, 2.0]), repeats=3) == first
-    assert measure_small_ops_max_elements(_scripted_clock([2.0]), repeats=3) == 0
-    everywhere = _scripted_clock([0.5] * len(SMALL_OPS_PROBE_ELEMENTS))
+    assert measure_small_ops_max_elements(scripted_clock([0.5, 2.0]), repeats=3) == first
+    assert measure_small_ops_max_elements(scripted_clock([2.0]), repeats=3) == 0
+    everywhere = scripted_clock([0.5] * len(SMALL_OPS_PROBE_ELEMENTS))
     assert measure_small_ops_max_elements(everywhere, repeats=3) == SMALL_OPS_PROBE_ELEMENTS[-1]
 
 
@@ -98,7 +89,7 @@ def test_one_torch_thread_needs_no_measurement() -> None:
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        assert measure_small_ops_max_elements(_scripted_clock([])) == 0
+        assert measure_small_ops_max_elements(scripted_clock([])) == 0
     finally:
         torch.set_num_threads(before)
 
