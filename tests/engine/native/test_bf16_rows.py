@@ -59,9 +59,10 @@ def test_weights_split_from_the_smallest_size_at_which_splitting_wins_for_all_la
 def test_few_rows_reach_the_last_count_that_wins_alone_and_summed() -> None:
     weights = [_weight(32, 16, seed) for seed in range(2)]
     kernel = UpcastLinear(min_rows=4)
-    # A near tie at one row, clear wins at two and four, a loss at eight.
-    assert measure_few_rows(kernel, weights, scripted_clock([1.05, 0.5, 0.5, 2.0]), 3) == 4
-    assert measure_few_rows(kernel, weights, scripted_clock([2.0, 1.5, 0.9, 2.0]), 3) == 0
+    # A near tie at one row, a clear win at two, a loss at four.
+    assert measure_few_rows(kernel, weights, scripted_clock([1.05, 0.5, 2.0]), 3) == 2
+    # A win at four alone, but not summed with the losses before it.
+    assert measure_few_rows(kernel, weights, scripted_clock([2.0, 1.5, 0.9]), 3) == 0
     everywhere = scripted_clock([0.5] * len(FEW_ROWS_PROBE_ROWS))
     assert measure_few_rows(kernel, weights, everywhere, 3) == FEW_ROWS_PROBE_ROWS[-1]
     assert measure_few_rows(kernel, [torch.zeros(4, 4)], scripted_clock([]), 3) == 0
