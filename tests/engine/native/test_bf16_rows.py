@@ -14,7 +14,7 @@ from tokenpace.engine.native.linear_kernels import (
     FEW_ROWS_PROBE_ROWS,
     UpcastLinear,
     measure_few_rows,
-    measure_split_min_bytes,
+    measure_few_rows_max_bytes,
 )
 
 from .conftest import scripted_clock
@@ -28,15 +28,14 @@ def _weight(rows: int, columns: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(rows, columns, generator=generator).to(torch.bfloat16)
 
 
-def test_the_product_is_the_float32_product_to_rounding_split_or_not() -> None:
+def test_the_product_is_the_float32_product_to_rounding() -> None:
     weight, x = _weight(300, 96), _weight(3, 96, seed=1)
-    alone = bf16_rows_product(x, weight_bits(weight), split=False)
-    split = bf16_rows_product(x, weight_bits(weight), split=True)
-    assert alone.dtype == torch.bfloat16 and alone.shape == (3, 300)
-    # Each column sums in the same order whichever thread computes it.
-    assert torch.equal(alone, split)
+    out = bf16_rows_product(x, weight_bits(weight))
+    assert out.dtype == torch.bfloat16 and out.shape == (3, 300)
     exact = x.double() @ weight.double().T
-    torch.testing.assert_close(alone.double(), exact, rtol=2**-7, atol=1e-6)
+    torch.testing.assert_close(out.double(), exact, rtol=2**-7, atol=1e-6)
+    # Row by row, the same sums.
+    assert torch.equal(bf16_rows_product(x[1:2], weight_bits(weight)), out[1:2])
 
 
 def test_only_contiguous_bfloat16_cpu_weights_are_read() -> None:
@@ -48,17 +47,18 @@ def test_only_contiguous_bfloat16_cpu_weights_are_read() -> None:
     assert bits.dtype == np.uint16 and bits.shape == (4, 8)
 
 
-def test_weights_split_from_the_smallest_size_at_which_splitting_wins_for_all_larger() -> None:
+def test_few_rows_take_weights_up_to_the_largest_size_before_their_first_loss() -> None:
     small, large = [_weight(8, 16)], [_weight(64, 16)]
-    # Probed largest first.
-    assert measure_split_min_bytes([small, large], scripted_clock([0.5, 2.0]), 3) == 64 * 32
-    assert measure_split_min_bytes([large, small], scripted_clock([0.5, 0.5]), 3) == 8 * 32
-    assert measure_split_min_bytes([small, large], scripted_clock([2.0]), 3) == 64 * 32 + 1
+    kernel = UpcastLinear(min_rows=4)
+    # Probed smallest first.
+    assert measure_few_rows_max_bytes(kernel, [large, small], scripted_clock([0.5, 2.0])) == 256
+    assert measure_few_rows_max_bytes(kernel, [small, large], scripted_clock([0.5, 0.5])) == 2048
+    assert measure_few_rows_max_bytes(kernel, [small, large], scripted_clock([2.0])) == 0
 
 
 def test_few_rows_reach_the_last_count_that_wins_alone_and_summed() -> None:
     weights = [_weight(32, 16, seed) for seed in range(2)]
-    kernel = UpcastLinear(min_rows=4)
+    kernel = UpcastLinear(min_rows=4, few_rows_max_bytes=1 << 20)
     # A near tie at one row, a clear win at two, a loss at four.
     assert measure_few_rows(kernel, weights, scripted_clock([1.05, 0.5, 2.0]), 3) == 2
     # A win at four alone, but not summed with the losses before it.
@@ -78,6 +78,8 @@ def test_the_engine_reads_bfloat16_weights_for_few_rows_keeping_greedy_outputs()
     plain = NativeEngine.load(config(0), rng=np.random.default_rng(0))
     few = NativeEngine(plain.loaded, config(64), time.perf_counter, np.random.default_rng(0))
     assert (plain.bf16_rows_max_tokens, few.bf16_rows_max_tokens) == (0, 64)
+    kernel = few.projection_kernel
+    assert isinstance(kernel, UpcastLinear) and kernel.few_rows_max_bytes > 0
     assert_mostly_the_same_tokens(_greedy(few), _greedy(plain))
 
 

@@ -9,9 +9,11 @@ float32) and sums each output in float32. The result is the float32 product up t
 summation order (reassociated into vector lanes, with fused multiply-adds), as the float32
 products of ``linear_kernels`` are; the caller rounds it to bfloat16 as those do.
 
-A product either splits its output columns over numba's threads or runs on the calling
-thread (``split``): where idle threads sleep, waking them costs more than a small weight's
-read (see ``small_ops``), so the choice is the caller's, by the weight's size.
+The product runs on the calling thread: where idle threads sleep, waking one costs more
+than a small weight's read (see ``small_ops``), and numba's threading layers do not mix
+well with torch's (its OpenMP layer, a second OpenMP runtime in the process, made torch's
+two-thread steps 3x slower on a 2-core CPU; its own work queue aborts the process on
+concurrent calls). Callers keep large weights on their other product.
 
 The loop is compiled when the module is imported and cached beside it (``scripts/setup.sh``
 compiles it once). Importing the module raises ImportError where numba is missing.
@@ -25,18 +27,17 @@ import numpy.typing as npt
 import torch
 
 Bits = npt.NDArray[np.uint16]
-_SIGNATURE = "void(float32[:, ::1], uint16[:, ::1], float32[:, ::1], int64, boolean)"
-# A split product cuts its columns into this many pieces per thread, so a thread slowed by
-# another process leaves pieces for the others.
-_PIECES_PER_THREAD = 2
+_SIGNATURE = "void(float32[:, ::1], uint16[:, ::1], float32[:, ::1])"
 
 
-@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})  # type: ignore[untyped-decorator]
-def _columns(x, weight_bits, out, first, end):  # type: ignore[no-untyped-def]  # pragma: no cover
-    num_in = weight_bits.shape[1]
+@numba.njit(  # type: ignore[untyped-decorator]
+    _SIGNATURE, cache=True, nogil=True, fastmath={"reassoc", "contract"}
+)
+def _rows_product(x, weight_bits, out):  # type: ignore[no-untyped-def]  # pragma: no cover
+    num_out, num_in = weight_bits.shape
     widened = np.empty(num_in, np.uint32)
     values = widened.view(np.float32)
-    for column in range(first, end):
+    for column in range(num_out):
         for i in range(num_in):
             widened[i] = np.uint32(weight_bits[column, i]) << 16
         for row in range(x.shape[0]):
@@ -44,19 +45,6 @@ def _columns(x, weight_bits, out, first, end):  # type: ignore[no-untyped-def]  
             for i in range(num_in):
                 total += x[row, i] * values[i]
             out[row, column] = total
-
-
-@numba.njit(  # type: ignore[untyped-decorator]
-    _SIGNATURE, cache=True, nogil=True, parallel=True, fastmath={"reassoc", "contract"}
-)
-def _rows_product(x, weight_bits, out, pieces, split):  # type: ignore[no-untyped-def]  # pragma: no cover
-    num_out = weight_bits.shape[0]
-    if not split:
-        _columns(x, weight_bits, out, 0, num_out)
-        return
-    per_piece = (num_out + pieces - 1) // pieces
-    for piece in numba.prange(pieces):
-        _columns(x, weight_bits, out, piece * per_piece, min(num_out, (piece + 1) * per_piece))
 
 
 def weight_bits(weight: torch.Tensor) -> Bits:
@@ -73,11 +61,11 @@ def weight_bits(weight: torch.Tensor) -> Bits:
     return bits
 
 
-def bf16_rows_product(x: torch.Tensor, bits: Bits, split: bool) -> torch.Tensor:
-    """``x @ weight.T`` in float32 (see the module doc), ``bits`` being
-    ``weight_bits(weight)`` and ``x`` ``[rows, in]`` on the CPU, its columns split over
-    numba's threads when ``split``; the result ``[rows, out]`` in ``x``'s dtype."""
+def bf16_rows_product(x: torch.Tensor, bits: Bits) -> torch.Tensor:
+    """``x @ weight.T`` in float32 on the calling thread (see the module doc), ``bits``
+    being ``weight_bits(weight)`` and ``x`` ``[rows, in]`` on the CPU; the result
+    ``[rows, out]`` in ``x``'s dtype."""
     x32 = np.ascontiguousarray(x.detach().to(torch.float32).numpy())
     out = np.empty((x32.shape[0], bits.shape[0]), dtype=np.float32)
-    _rows_product(x32, bits, out, _PIECES_PER_THREAD * numba.get_num_threads(), split)
+    _rows_product(x32, bits, out)
     return torch.from_numpy(out).to(x.dtype)

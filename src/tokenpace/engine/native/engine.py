@@ -36,8 +36,8 @@ from tokenpace.engine.native.linear_kernels import (
     available_memory_bytes,
     float32_copies_fit,
     measure_few_rows,
+    measure_few_rows_max_bytes,
     measure_packing_wins,
-    measure_split_min_bytes,
     measure_upcast_min_rows,
     packing_supported,
 )
@@ -133,13 +133,13 @@ class NativeEngine(BlockAccountedEngine):
         return self._with_bf16_rows(kernel)
 
     def _with_bf16_rows(self, kernel: UpcastLinear) -> UpcastLinear:
-        """``kernel`` reading the bfloat16 weights themselves up to
-        ``bf16_rows_max_tokens`` step tokens (``bf16_rows``): the configured count, else,
-        for bfloat16 weights on the CPU, measured against ``kernel`` over every layer's
-        gate projection (``measure_few_rows``); split over threads from the weight size
-        measured by ``measure_split_min_bytes`` over every layer's output and gate
-        projections and the LM head. A positive count is refused, naming why, for other
-        weights."""
+        """``kernel`` reading bfloat16 weights themselves, on the calling thread, up to
+        ``bf16_rows_max_tokens`` step tokens (``bf16_rows``): with a configured count for
+        every weight; with ``-1``, for bfloat16 weights on the CPU, for the weights of at
+        most the size measured at one row over every layer's output and gate projections
+        and the LM head (``measure_few_rows_max_bytes``), up to the count measured against
+        ``kernel`` over those weights (``measure_few_rows``). A positive count is refused,
+        naming why, for other weights."""
         setting = self.config.bf16_rows_max_tokens
         readable = self.loaded.device.type == "cpu" and self.loaded.dtype == torch.bfloat16
         if setting > 0 and not readable:
@@ -149,17 +149,23 @@ class NativeEngine(BlockAccountedEngine):
             )
         if setting == 0 or not readable:
             return kernel
+        if setting > 0:
+            self.bf16_rows_max_tokens = setting
+            every_weight = self.loaded.weight_bytes
+            return replace(kernel, few_rows=setting, few_rows_max_bytes=every_weight)
         layers = self._model.model.layers
         groups = [
             [layer.self_attn.o_proj.weight for layer in layers],
             [layer.mlp.gate_proj.weight for layer in layers],
             [self._model.lm_head.weight],
         ]
-        kernel = replace(kernel, split_min_bytes=measure_split_min_bytes(groups, self._clock))
-        gates = groups[1]
-        few_rows = setting if setting > 0 else measure_few_rows(kernel, gates, self._clock)
-        self.bf16_rows_max_tokens = few_rows
-        return replace(kernel, few_rows=few_rows)
+        max_bytes = measure_few_rows_max_bytes(kernel, groups, self._clock)
+        if not max_bytes:
+            return kernel
+        limited = replace(kernel, few_rows_max_bytes=max_bytes)
+        taken = [w for group in groups for w in group if w.numel() * 2 <= max_bytes]
+        self.bf16_rows_max_tokens = measure_few_rows(limited, taken, self._clock)
+        return replace(limited, few_rows=self.bf16_rows_max_tokens)
 
     def _choose_small_ops_max_elements(self) -> int:
         """Up to how many elements a step's elementwise work runs on one thread (see

@@ -99,15 +99,15 @@ class UpcastLinear:
     float32 copy that ``prepare`` makes when ``packed`` (and ``min_rows`` is set), else on
     blocks converted per call. The packed product converts its input and output as
     ``small_ops`` says (on one thread when small). Up to ``few_rows`` rows of ``x`` (0:
-    never) the product instead reads the bfloat16 weight itself (``bf16_rows``; bfloat16
-    CPU weights only), split over threads for weights of at least ``split_min_bytes``
-    bytes and on the calling thread for smaller ones."""
+    never) the product of a weight of at most ``few_rows_max_bytes`` bytes instead reads
+    the bfloat16 weight itself on the calling thread (``bf16_rows``; bfloat16 CPU weights
+    only)."""
 
     min_rows: int | None
     packed: bool = False
     small_ops: SmallOps = NO_SMALL_OPS
     few_rows: int = 0
-    split_min_bytes: int = 0
+    few_rows_max_bytes: int = 0
 
     @property
     def name(self) -> str:
@@ -118,13 +118,13 @@ class UpcastLinear:
 
     def prepare(self, weight: torch.Tensor) -> PreparedWeight:
         packed = pack_float32(weight) if self.packed and self.min_rows is not None else None
-        bits = weight_bits(weight) if self.few_rows else None
+        size = weight.numel() * weight.element_size()
+        bits = weight_bits(weight) if self.few_rows and size <= self.few_rows_max_bytes else None
         return PreparedWeight(weight, packed, bits)
 
     def __call__(self, x: torch.Tensor, prepared: PreparedWeight) -> torch.Tensor:
-        bits = prepared.bits
-        if bits is not None and x.shape[0] <= self.few_rows:
-            return bf16_rows_product(x, bits, bits.nbytes >= self.split_min_bytes)
+        if prepared.bits is not None and x.shape[0] <= self.few_rows:
+            return bf16_rows_product(x, prepared.bits)
         if self.min_rows is None or x.shape[0] < self.min_rows:
             return F.linear(x, prepared.plain)
         if prepared.packed is not None:
@@ -227,28 +227,31 @@ def measure_upcast_min_rows(
     return min_rows
 
 
-def measure_split_min_bytes(
-    groups: Sequence[Sequence[torch.Tensor]], clock: Clock = time.perf_counter, repeats: int = 3
+def measure_few_rows_max_bytes(
+    kernel: UpcastLinear,
+    groups: Sequence[Sequence[torch.Tensor]],
+    clock: Clock = time.perf_counter,
+    repeats: int = 3,
 ) -> int:
-    """From how many bytes a bfloat16 weight's one-row ``bf16_rows`` product is split over
-    threads: each group (weights of one size, such as one projection of every layer) is
-    timed at one row on the calling thread and split, over a pass of the group, each side
-    its best of ``repeats`` interleaved passes (the calling thread's first); the answer is
-    the smallest group's weight size from which splitting wins at that group and every
-    larger one, and one byte more than the largest when it wins at none."""
-    by_size = sorted(groups, key=lambda group: group[0].numel())
-    threshold = by_size[-1][0].numel() * 2 + 1 if by_size else 0
+    """Up to how many bytes a bfloat16 weight's one-row product is faster read by
+    ``bf16_rows`` on the calling thread than by ``kernel``: each group (weights of one
+    size, such as one projection of every layer) is timed at one row over a pass of the
+    group, each side its best of ``repeats`` interleaved passes (``kernel``'s first); the
+    answer is the size of the largest group up to which ``bf16_rows`` wins at every group,
+    0 when it loses at the smallest."""
+    most = 0
     with torch.inference_mode():
-        for group in reversed(by_size):
+        for group in sorted(groups, key=lambda group: group[0].numel()):
             bits = [weight_bits(weight) for weight in group]
+            prepared = [kernel.prepare(weight) for weight in group]
             xs = [torch.randn(1, w.shape[1], dtype=w.dtype) for w in group]
             if not beats(
-                partial(_bits_pass, xs, bits, True), partial(_bits_pass, xs, bits, False),
+                partial(_bits_pass, xs, bits), partial(_kernel_pass, kernel, xs, prepared),
                 clock, repeats,
             ):  # fmt: skip
                 break
-            threshold = group[0].numel() * 2
-    return threshold
+            most = group[0].numel() * group[0].element_size()
+    return most
 
 
 def measure_few_rows(
@@ -258,9 +261,10 @@ def measure_few_rows(
     repeats: int = 3,
 ) -> int:
     """The most rows (of ``FEW_ROWS_PROBE_ROWS``) up to which ``bf16_rows``, reading the
-    bfloat16 weights themselves (split as ``kernel.split_min_bytes`` says), is the better
-    choice than ``kernel`` over a pass of one product with each of ``weights`` (one kind
-    from every layer, as ``measure_packing_wins`` takes them): the largest probed count at
+    bfloat16 weights themselves, is the better choice than ``kernel`` over a pass of one
+    product with each of ``weights`` (one kind from every layer, as
+    ``measure_packing_wins`` takes them; each no larger than ``few_rows_max_bytes``),
+    kernel's product otherwise: the largest probed count at
     which it wins that also wins on the time summed over every probed count up to it (so a
     near tie at one row does not hide a clear win at two). Each side's time is its best of
     ``repeats`` interleaved passes, ``kernel``'s first; 0 where it never wins, and for
@@ -269,13 +273,12 @@ def measure_few_rows(
         return 0
     prepared = [kernel.prepare(weight) for weight in weights]
     bits = [weight_bits(weight) for weight in weights]
-    splits = [b.nbytes >= kernel.split_min_bytes for b in bits]
     most, summed_bits, summed_kernel = 0, 0.0, 0.0
     with torch.inference_mode():
         for rows in FEW_ROWS_PROBE_ROWS:
             xs = [torch.randn(rows, w.shape[1], dtype=w.dtype) for w in weights]
             bits_s, kernel_s = best_times(
-                partial(_bits_pass, xs, bits, splits),
+                partial(_bits_pass, xs, bits),
                 partial(_kernel_pass, kernel, xs, prepared),
                 clock,
                 repeats,
@@ -286,14 +289,9 @@ def measure_few_rows(
     return most
 
 
-def _bits_pass(
-    xs: Sequence[torch.Tensor], bits: Sequence[npt.NDArray[np.uint16]], split: bool | Sequence[bool]
-) -> None:
-    """One ``bf16_rows`` product per weight, split as ``split`` says (one flag for all, or
-    one per weight)."""
-    flags = [split] * len(bits) if isinstance(split, bool) else split
-    for x, weight, flag in zip(xs, bits, flags, strict=True):
-        bf16_rows_product(x, weight, flag)
+def _bits_pass(xs: Sequence[torch.Tensor], bits: Sequence[npt.NDArray[np.uint16]]) -> None:
+    for x, weight in zip(xs, bits, strict=True):
+        bf16_rows_product(x, weight)
 
 
 def _kernel_pass(
