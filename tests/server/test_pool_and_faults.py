@@ -30,8 +30,11 @@ BODY = {"model": MODEL, "prompt": "Hello", "max_tokens": 4, "temperature": 0}
 
 @pytest.fixture(scope="module")
 def pooled_server(native_profile: str) -> Iterator[RunningServer]:
+    # Keep-alive long enough that the container loaded first is still warm when the other
+    # is: with 3 s, two loads more than 3 s apart (a busy machine, each engine's probes at
+    # load) never showed both warm at once.
     running = start_server(
-        containers=2, warm_containers=2, keep_alive_s=3.0, profile=native_profile
+        containers=2, warm_containers=2, keep_alive_s=20.0, profile=native_profile
     )
     yield running
     running.stop()
@@ -80,6 +83,7 @@ def test_idle_containers_go_cold_and_cold_start_on_demand(pooled_server: Running
     wait_for(
         lambda: metric(url, "tokenpace:num_containers", 'state="cold"') == 2,
         "containers did not go cold after keep-alive",
+        300,
     )
     assert all(c["pid"] is None for c in health(url)["containers"])
     before = metric(url, "tokenpace:cold_starts_total")
