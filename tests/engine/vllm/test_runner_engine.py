@@ -82,3 +82,5 @@ def test_throughput_at_two_batch_sizes(vllm_llm: Any) -> None:
     for point in points:
         assert point.tokens_per_s > 0 and point.wall_s > 0
         assert math.isfinite(point.decode_step_ms) and point.decode_step_ms > 0
+        assert 0 < point.prefill_s < point.wall_s
+        assert 0 <= point.outside_steps_s < point.wall_s - point.prefill_s
