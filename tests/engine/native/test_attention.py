@@ -13,10 +13,12 @@ torch = pytest.importorskip("torch", reason="the native engine needs torch (nati
 from tokenpace.engine.native.attention import (  # noqa: E402
     INDEXED_WRITE_MAX_TOKENS,
     PRODUCTS_PROBE_MIN_LEN,
+    FreshRun,
     PrefillSpan,
     StepLayout,
     attend,
     measure_products_max_len,
+    prefill_calls,
     score_bias,
 )
 from tokenpace.engine.native.kv_cache import KVShape, SlotKVCache  # noqa: E402
@@ -48,13 +50,17 @@ def test_step_attention_writes_kv_and_attends_like_the_row_by_row_reference(
 ) -> None:
     gen = torch.Generator().manual_seed(0)
     cache = SlotKVCache(KVShape(1, KV_HEADS, DIM), torch.float32, torch.device("cpu"), 8, 128)
-    # (slot, context already cached, new tokens): two decodes, a fresh chunk, a short and
-    # a long continuation (the long one writes by slice).
+    # (slot, context already cached, new tokens): two decodes, three fresh chunks of one
+    # length (one batched call), a long and a short continuation (the long one writes by
+    # slice), and a fresh chunk as long as the short continuation (a call of its own).
     decodes = [(0, 10), (1, 5)]
-    chunks = [(2, 0, 4), (3, 20, INDEXED_WRITE_MAX_TOKENS + 8), (4, 12, 6)]
-    for request_id in range(5):
+    chunks = [
+        (2, 0, 4), (5, 0, 4), (6, 0, 4), (3, 20, INDEXED_WRITE_MAX_TOKENS + 8), (4, 12, 6),
+        (7, 0, 6),
+    ]  # fmt: skip
+    for request_id in range(8):
         cache.assign(request_id)
-    cache.ensure(5, 64)
+    cache.ensure(8, 64)
     cache.keys.copy_(torch.randn(cache.keys.shape, generator=gen))
     cache.values.copy_(torch.randn(cache.values.shape, generator=gen))
     rows = [(slot, context) for slot, context in decodes]
@@ -65,7 +71,7 @@ def test_step_attention_writes_kv_and_attends_like_the_row_by_row_reference(
         if not span.write_by_slice:
             write += [(len(rows) + i, slot, start + i) for i in range(n)]
         rows += [(slot, start + i) for i in range(n)]
-    assert [s.write_by_slice for s in spans] == [False, True, False]
+    assert [s.write_by_slice for s in spans] == [False, False, False, True, False, False]
     # Peeled, the longest decode (11 keys) is attended on its own and the padded call stops
     # at the other's 6 keys.
     visible = torch.arange(6 if peel else 11)[None, :] <= torch.tensor([10, 5])[:, None]
@@ -83,6 +89,7 @@ def test_step_attention_writes_kv_and_attends_like_the_row_by_row_reference(
         write_slots=torch.tensor([s for _, s, _ in write]),
         write_positions=torch.tensor([p for _, _, p in write]),
     )
+    assert layout.prefill_calls == (FreshRun(2, 3, 4), *spans[3:])
     q = torch.randn(len(rows), Q_HEADS, DIM, generator=gen)
     k_new = torch.randn(len(rows), KV_HEADS, DIM, generator=gen)
     v_new = torch.randn(len(rows), KV_HEADS, DIM, generator=gen)
@@ -149,3 +156,61 @@ def test_products_reach_the_longest_context_before_their_first_loss() -> None:
     assert measure_products_max_len(2, 2, 8, torch.float32, longest, everywhere) == longest
     # An engine whose longest context is below the shortest probe probes that context alone.
     assert measure_products_max_len(2, 2, 8, torch.float32, 40, scripted_clock([0.5])) == 40
+
+
+def test_fresh_chunks_of_one_length_in_a_row_form_one_call() -> None:
+    cpu = torch.device("cpu")
+    spans = [
+        PrefillSpan.of(3, 5, 0, 0, cpu), PrefillSpan.of(8, 5, 1, 0, cpu),  # a run of two
+        PrefillSpan.of(13, 5, 2, 7, cpu),  # a continuation: its own call
+        PrefillSpan.of(18, 5, 3, 0, cpu),  # alone: the next is longer
+        PrefillSpan.of(23, 6, 4, 0, cpu), PrefillSpan.of(29, 6, 5, 0, cpu),
+        PrefillSpan.of(35, 6, 6, 0, cpu),
+    ]  # fmt: skip
+    assert prefill_calls(tuple(spans)) == (
+        FreshRun(3, 2, 5), spans[2], spans[3], FreshRun(23, 3, 6),
+    )  # fmt: skip
+    assert prefill_calls(()) == ()
+
+
+def test_a_batched_call_gives_each_chunk_what_its_own_call_gives() -> None:
+    """Bit for bit, in bfloat16: batching fresh chunks changes no rounding."""
+    gen = torch.Generator().manual_seed(1)
+    chunks, length, q_heads, kv_heads, dim = 5, 32, 9, 3, 64
+    cache = SlotKVCache(KVShape(1, kv_heads, dim), torch.bfloat16, torch.device("cpu"), 8, 64)
+    for request_id in range(chunks):
+        cache.assign(request_id)
+    cache.ensure(chunks, length)
+    spans = tuple(
+        PrefillSpan.of(i * length, length, i, 0, torch.device("cpu")) for i in range(chunks)
+    )
+    rows = chunks * length
+    layout = StepLayout(
+        cache=cache,
+        decode_slots=torch.zeros(0, dtype=torch.long),
+        decode_positions=torch.zeros(0, dtype=torch.long),
+        decode_visible=torch.zeros(0, 0, dtype=torch.bool),
+        decode_max_len=0,
+        decode_is_dense=True,
+        prefills=spans,
+        write_rows=torch.arange(rows),
+        write_slots=torch.arange(chunks).repeat_interleave(length),
+        write_positions=torch.arange(length).repeat(chunks),
+    )
+    assert layout.prefill_calls == (FreshRun(0, chunks, length),)
+    q, k_new, v_new = (
+        torch.randn(rows, heads, dim, generator=gen).to(torch.bfloat16)
+        for heads in (q_heads, kv_heads, kv_heads)
+    )
+
+    out = attend(0, q, k_new, v_new, layout, dim**-0.5)
+
+    for i in range(chunks):
+        part = slice(i * length, (i + 1) * length)
+        own = torch.nn.functional.scaled_dot_product_attention(
+            q[part].transpose(0, 1)[None],
+            cache.keys[0, i, :, :length][None],
+            cache.values[0, i, :, :length][None],
+            is_causal=True, scale=dim**-0.5, enable_gqa=True,
+        )[0].transpose(0, 1)  # fmt: skip
+        assert torch.equal(out[part], own)

@@ -82,6 +82,59 @@ class PrefillSpan:
 
 
 @dataclass(frozen=True, slots=True)
+class FreshRun:
+    """``count`` (at least 2) consecutive prefill chunks of ``num_tokens`` tokens each, laid
+    end to end from flattened row ``row``, each starting its prompt: no cached key precedes
+    them, so they attend in one batched causal call over their own new keys and values
+    (each chunk one batch entry, computed as its own call computes it)."""
+
+    row: int
+    count: int
+    num_tokens: int
+
+    @property
+    def rows(self) -> slice:
+        return slice(self.row, self.row + self.count * self.num_tokens)
+
+
+def prefill_calls(spans: tuple[PrefillSpan, ...]) -> tuple[PrefillSpan | FreshRun, ...]:
+    """The attention calls of a step's prefill ``spans``, in row order: each run of
+    consecutive spans that start their prompts with the same length becomes one
+    ``FreshRun``; every other span is a call of its own. One call per chunk cost about
+    170 us per layer on a 2-core CPU for 32-token chunks, a batched call about 40 us per
+    chunk."""
+    calls: list[PrefillSpan | FreshRun] = []
+    for span in spans:
+        last = calls[-1] if calls else None
+        joins = (
+            span.start == 0
+            and isinstance(last, (PrefillSpan, FreshRun))
+            and _fresh_length(last) == span.num_tokens
+            and _end_row(last) == span.row
+        )
+        if joins and isinstance(last, FreshRun):
+            calls[-1] = FreshRun(last.row, last.count + 1, last.num_tokens)
+        elif joins and isinstance(last, PrefillSpan):
+            calls[-1] = FreshRun(last.row, 2, last.num_tokens)
+        else:
+            calls.append(span)
+    return tuple(calls)
+
+
+def _fresh_length(call: PrefillSpan | FreshRun) -> int | None:
+    """The chunk length of a call that starts its prompts; None for one that does not."""
+    if isinstance(call, FreshRun):
+        return call.num_tokens
+    return call.num_tokens if call.start == 0 else None
+
+
+def _end_row(call: PrefillSpan | FreshRun) -> int:
+    if isinstance(call, FreshRun):
+        return call.row + call.count * call.num_tokens
+    return call.row + call.num_tokens
+
+
+@dataclass(frozen=True, slots=True)
 class StepLayout:
     """Where every flattened token of a step lives in the KV cache.
 
@@ -118,6 +171,7 @@ class StepLayout:
     decode_bias: torch.Tensor | None = None
     decode_all_visible: bool = False
     write_cache_rows: torch.Tensor = field(init=False)
+    prefill_calls: tuple[PrefillSpan | FreshRun, ...] = field(init=False)
 
     def __post_init__(self) -> None:
         # The row of each written (token, KV head) in one layer's cache seen as
@@ -131,6 +185,7 @@ class StepLayout:
         rows = (self.write_slots[:, None] * heads + head_ids) * positions
         rows = rows + self.write_positions[:, None]
         object.__setattr__(self, "write_cache_rows", rows.reshape(-1))
+        object.__setattr__(self, "prefill_calls", prefill_calls(self.prefills))
 
     @property
     def num_decode(self) -> int:
@@ -200,13 +255,31 @@ def attend(
     n = layout.num_decode
     if n:
         parts.append(_decode(q[:n], keys, values, layout, scale))
-    for span in layout.prefills:
-        rows = slice(span.row, span.row + span.num_tokens)
-        end = span.start + span.num_tokens
+    # A batched call reads the new keys as computed; the cache holds them in its own dtype.
+    calls = layout.prefill_calls if k_new.dtype == keys.dtype else layout.prefills
+    for call in calls:
+        if isinstance(call, FreshRun):
+            parts.append(_fresh_run(q, k_new, v_new, call, scale))
+            continue
+        rows = slice(call.row, call.row + call.num_tokens)
+        end = call.start + call.num_tokens
         parts.append(
-            _prefill(q[rows], keys[span.slot, :, :end], values[span.slot, :, :end], span, scale)
+            _prefill(q[rows], keys[call.slot, :, :end], values[call.slot, :, :end], call, scale)
         )
     return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _fresh_run(
+    q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, run: FreshRun, scale: float
+) -> torch.Tensor:
+    """Causal attention of the chunks of ``run``, each over its own rows of ``k_new`` and
+    ``v_new`` (all ``[tokens, heads, dim]``); returns the run's rows of the output."""
+    q4, k4, v4 = (
+        t[run.rows].view(run.count, run.num_tokens, *t.shape[1:]).transpose(1, 2)
+        for t in (q, k_new, v_new)
+    )
+    out = F.scaled_dot_product_attention(q4, k4, v4, is_causal=True, scale=scale, enable_gqa=True)
+    return out.transpose(1, 2).flatten(0, 1)
 
 
 def _decode(
