@@ -231,3 +231,36 @@ def test_step_latency_is_measured(make_engine: EngineFactory, prompt_ids: list[l
     latencies = [s.latency_s for s in loop.steps]
     assert all(lat > 0 for lat in latencies)
     assert sum(latencies) <= elapsed
+
+
+def test_fresh_prompts_of_one_length_share_a_call_and_keep_their_outputs(
+    make_engine: EngineFactory, prompt_ids: list[list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three fresh prompts of one length, a longer one queued between them: the engine
+    puts the three side by side and attends them in one batched call, and every request's
+    greedy output is what it gets alone."""
+    from tokenpace.engine.native import attention
+
+    calls: list[tuple[Any, ...]] = []
+    grouped = attention.prefill_calls
+
+    def recording(spans: tuple[Any, ...]) -> tuple[Any, ...]:
+        calls.append(grouped(spans))
+        return calls[-1]
+
+    length = len(prompt_ids[3])
+    prompts = [
+        prompt_ids[4][:length],
+        prompt_ids[7],
+        prompt_ids[5][:length],
+        prompt_ids[6][:length],
+    ]
+    monkeypatch.setattr(attention, "prefill_calls", recording)
+    together = [make_request(i, ids) for i, ids in enumerate(prompts)]
+    run(StepLoop(VllmDefaultPolicy(VllmDefaultConfig()), make_engine()), together)
+    runs = [c for step in calls for c in step if isinstance(c, attention.FreshRun)]
+    assert [(r.count, r.num_tokens) for r in runs] == [(3, length)]
+    for request, ids in zip(together, prompts, strict=True):
+        alone = make_request(request.request_id, ids)
+        run(StepLoop(VllmDefaultPolicy(VllmDefaultConfig()), make_engine()), [alone])
+        assert request.output_token_ids == alone.output_token_ids, f"request {request.request_id}"

@@ -325,7 +325,11 @@ class NativeEngine(BlockAccountedEngine):
             (c for c in chunks if c.num_tokens == 1),
             key=lambda c: self._slot(c.request),
         )
-        prefill = [c for c in chunks if c.num_tokens > 1]
+        # Fresh chunks of one length side by side attend in one call (``FreshRun``).
+        prefill = sorted(
+            (c for c in chunks if c.num_tokens > 1),
+            key=lambda c: (c.request.num_computed_tokens > 0, c.num_tokens),
+        )
         ordered = [*decode, *prefill]
         token_ids: list[int] = []
         positions: list[int] = []
