@@ -238,15 +238,6 @@ class EngineComparison:
     def median_ratios(self) -> dict[str, float]:
         return {str(b): round(statistics.median(r), 2) for b, r in self.ratios.items()}
 
-    def medians(self, engine: str, field: str, digits: int) -> dict[str, float]:
-        """Per batch size, the median over the rounds of ``field`` of ``engine``'s points
-        (``"native"`` or ``"vllm"``)."""
-        points = self.native if engine == "native" else self.vllm
-        return {
-            str(b): round(statistics.median(getattr(p, field) for p in runs), digits)
-            for b, runs in points.items()
-        }
-
 
 def compare_with_vllm(
     config: NativeEngineConfig, batches: list[int], args: Settings, model_dir: Path
@@ -278,6 +269,14 @@ def compare_with_vllm(
         finally:
             native.shutdown()
     return EngineComparison(native=native_runs, vllm=vllm_runs)
+
+
+def _medians(points: dict[int, list[ThroughputPoint]], field: str, digits: int) -> dict[str, float]:
+    """Per batch size, the median over the rounds of ``field`` of ``points``."""
+    return {
+        str(b): round(statistics.median(getattr(p, field) for p in runs), digits)
+        for b, runs in points.items()
+    }
 
 
 def _describe(point: ThroughputPoint) -> str:
@@ -448,8 +447,11 @@ def run(args: Settings) -> None:
         "bf16_rows_max_bytes": bf16_rows_max_bytes,
         "bf16_rows_over_off": _tok_s_ratios(native, compared.get("bf16_rows_off", {})),
         **{
-            f"{name}_{field}": comparison.medians(engine, attribute, digits) if comparison else None
-            for name, engine in (("native_backend", "native"), ("vllm", "vllm"))
+            f"{name}_{field}": _medians(points, attribute, digits) if comparison else None
+            for name, points in (
+                ("native_backend", comparison.native if comparison else {}),
+                ("vllm", comparison.vllm if comparison else {}),
+            )
             for field, attribute, digits in _COMPARED_FIELDS
         },
         "native_over_vllm": comparison.median_ratios() if comparison else None,

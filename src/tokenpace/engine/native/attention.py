@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import groupby
 from typing import Any
 
 import torch
@@ -98,40 +99,19 @@ class FreshRun:
 
 
 def prefill_calls(spans: tuple[PrefillSpan, ...]) -> tuple[PrefillSpan | FreshRun, ...]:
-    """The attention calls of a step's prefill ``spans``, in row order: each run of
-    consecutive spans that start their prompts with the same length becomes one
-    ``FreshRun``; every other span is a call of its own. One call per chunk cost about
-    170 us per layer on a 2-core CPU for 32-token chunks, a batched call about 40 us per
-    chunk."""
+    """The attention calls of a step's prefill ``spans`` (laid end to end, in row order):
+    each run of two or more consecutive spans that start their prompts with the same length
+    becomes one ``FreshRun``; every other span is a call of its own. One call per chunk
+    cost about 170 us per layer on a 2-core CPU for 32-token chunks, a batched call about
+    40 us per chunk."""
     calls: list[PrefillSpan | FreshRun] = []
-    for span in spans:
-        last = calls[-1] if calls else None
-        joins = (
-            span.start == 0
-            and isinstance(last, (PrefillSpan, FreshRun))
-            and _fresh_length(last) == span.num_tokens
-            and _end_row(last) == span.row
-        )
-        if joins and isinstance(last, FreshRun):
-            calls[-1] = FreshRun(last.row, last.count + 1, last.num_tokens)
-        elif joins and isinstance(last, PrefillSpan):
-            calls[-1] = FreshRun(last.row, 2, last.num_tokens)
+    for (fresh, length), group in groupby(spans, key=lambda s: (s.start == 0, s.num_tokens)):
+        members = list(group)
+        if fresh and len(members) > 1:
+            calls.append(FreshRun(members[0].row, len(members), length))
         else:
-            calls.append(span)
+            calls.extend(members)
     return tuple(calls)
-
-
-def _fresh_length(call: PrefillSpan | FreshRun) -> int | None:
-    """The chunk length of a call that starts its prompts; None for one that does not."""
-    if isinstance(call, FreshRun):
-        return call.num_tokens
-    return call.num_tokens if call.start == 0 else None
-
-
-def _end_row(call: PrefillSpan | FreshRun) -> int:
-    if isinstance(call, FreshRun):
-        return call.row + call.count * call.num_tokens
-    return call.row + call.num_tokens
 
 
 @dataclass(frozen=True, slots=True)
