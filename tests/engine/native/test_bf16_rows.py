@@ -12,13 +12,14 @@ from tokenpace.engine.native import NativeEngine, NativeEngineConfig
 from tokenpace.engine.native.bf16_rows import bf16_rows_product, weight_bits
 from tokenpace.engine.native.linear_kernels import (
     FEW_ROWS_PROBE_ROWS,
+    PackedLinear,
     UpcastLinear,
     measure_few_rows,
     measure_few_rows_max_bytes,
 )
 
 from .conftest import scripted_clock
-from .test_fused_forward import TINY, _greedy, assert_mostly_the_same_tokens
+from .test_fused_forward import TINY, _greedy, assert_mostly_the_same_tokens, needs_packing
 
 pytestmark = pytest.mark.native
 
@@ -81,6 +82,37 @@ def test_the_engine_reads_bfloat16_weights_for_few_rows_keeping_greedy_outputs()
     kernel = few.projection_kernel
     assert isinstance(kernel, UpcastLinear) and kernel.few_rows_max_bytes > 0
     assert_mostly_the_same_tokens(_greedy(few), _greedy(plain))
+
+
+@needs_packing
+def test_the_packed_kernel_reads_few_rows_of_small_weights_itself() -> None:
+    small, large = _weight(48, 32), _weight(96, 32, seed=2)
+    kernel = PackedLinear(few_rows=2, few_rows_max_bytes=small.numel() * 2)
+    prepared_small, prepared_large = kernel.prepare(small), kernel.prepare(large)
+    assert prepared_small.bits is not None and prepared_large.bits is None
+    for rows in (1, 2, 3):
+        x = _weight(rows, 32, seed=rows)
+        few = bf16_rows_product(x, weight_bits(small))
+        onednn = torch.nn.functional.linear(x, small)
+        assert torch.equal(kernel(x, prepared_small), few if rows <= 2 else onednn)
+        assert torch.equal(kernel(x, prepared_large), torch.nn.functional.linear(x, large))
+
+
+@needs_packing
+def test_the_engine_reads_few_rows_beside_packed_weights_keeping_greedy_outputs() -> None:
+    def config(few_rows: int) -> NativeEngineConfig:
+        return NativeEngineConfig(
+            model=TINY, device="cpu", num_threads=1, dtype="bfloat16", upcast_min_tokens=0,
+            pack_weights="on", bf16_rows_max_tokens=few_rows,
+        )  # fmt: skip
+
+    packed = NativeEngine.load(config(0), rng=np.random.default_rng(0))
+    few = NativeEngine(packed.loaded, config(64), time.perf_counter, np.random.default_rng(0))
+    kernel = few.projection_kernel
+    assert isinstance(kernel, PackedLinear) and (kernel.few_rows, few.linear_kernel) == (
+        64, "packed",
+    )  # fmt: skip
+    assert_mostly_the_same_tokens(_greedy(few), _greedy(packed))
 
 
 def test_reading_bfloat16_weights_is_refused_for_float32_ones() -> None:

@@ -14,7 +14,7 @@ import torch
 from tokenpace.core.request import Request
 from tokenpace.core.sampling import SamplingParams
 from tokenpace.core.step import ScheduledChunk
-from tokenpace.engine.native import NativeEngine, NativeEngineConfig
+from tokenpace.engine.native import NativeEngine, NativeEngineConfig, attention
 from tokenpace.engine.native.linear_kernels import (
     PACKING_PROBE_ROWS,
     PROBE_ROWS,
@@ -31,6 +31,7 @@ from tokenpace.engine.native.linear_kernels import (
 )
 from tokenpace.engine.native.loading import load_model
 from tokenpace.engine.native.random_model import shipped_configs
+from tokenpace.engine.native.small_ops import OneThread
 
 pytestmark = pytest.mark.native
 
@@ -94,7 +95,7 @@ def test_fused_and_transformers_paths_agree_on_mixed_steps() -> None:
     ],
 )
 def test_upcast_products_keep_bfloat16_greedy_outputs(pack_weights: str, kernel: str) -> None:
-    native = _engine(dtype="bfloat16", upcast_min_tokens=0)
+    native = _engine(dtype="bfloat16", upcast_min_tokens=0, pack_weights="off")
     upcast = _twin(native, upcast_min_tokens=1, pack_weights=pack_weights)
     assert (native.upcast_min_rows, upcast.upcast_min_rows) == (None, 1)
     assert (native.linear_kernel, upcast.linear_kernel) == ("plain", kernel)
@@ -204,8 +205,11 @@ def test_packed_linear_is_torchs_bfloat16_product_bit_for_bit() -> None:
 
 @needs_packing
 def test_packed_weights_keep_the_greedy_outputs_exactly() -> None:
-    plain = _engine(dtype="bfloat16", upcast_min_tokens=0, pack_weights="off")
-    packed = _twin(plain, upcast_min_tokens=0, pack_weights="on")
+    # Without the few-row product, which sums in its own order.
+    plain = _engine(
+        dtype="bfloat16", upcast_min_tokens=0, pack_weights="off", bf16_rows_max_tokens=0
+    )
+    packed = _twin(plain, upcast_min_tokens=0, pack_weights="on", bf16_rows_max_tokens=0)
     assert (plain.linear_kernel, packed.linear_kernel) == ("plain", "packed")
     assert _greedy(packed) == _greedy(plain)
 
@@ -306,3 +310,30 @@ def test_shipped_configs_and_a_bad_name() -> None:
 def test_upcast_setting_is_validated() -> None:
     with pytest.raises(ValueError, match="upcast_min_tokens"):
         NativeEngineConfig(upcast_min_tokens=-2)
+
+
+def test_small_decode_attention_on_one_thread_keeps_the_outputs_exactly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    split = _engine(dtype="float32", decode_one_thread_max_keys=0)
+    alone = _twin(split, dtype="float32", decode_one_thread_max_keys=10**6)
+    entered: list[int] = []
+
+    class Counted(OneThread):
+        def __enter__(self) -> None:
+            entered.append(torch.get_num_threads())
+            super().__enter__()
+
+    monkeypatch.setattr(attention, "OneThread", Counted)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        reference = _greedy(split)
+        assert entered == []
+        assert _greedy(alone) == reference
+    finally:
+        torch.set_num_threads(threads)
+    # Every step but the first prefills decodes at least one request.
+    assert len(entered) >= 5 and set(entered) == {2}
+    with pytest.raises(ValueError, match="decode_one_thread_max_keys must be -1"):
+        NativeEngineConfig(decode_one_thread_max_keys=-2)

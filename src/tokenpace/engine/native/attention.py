@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import groupby
@@ -34,6 +35,7 @@ import torch.nn.functional as F
 
 from tokenpace.engine.native.interleaved import beats
 from tokenpace.engine.native.kv_cache import SlotKVCache
+from tokenpace.engine.native.small_ops import OneThread
 
 ATTENTION_NAME = "tokenpace_slots"
 # Prefill chunks up to this many tokens join the step's one indexed KV write; longer ones
@@ -52,6 +54,8 @@ LAYOUT_KWARG = "tokenpace_layout"
 # (each further probe doubles it, up to the engine's longest).
 PRODUCTS_PROBE_BATCH = 32
 PRODUCTS_PROBE_MIN_LEN = 64
+# ``measure_one_thread_decode_max_keys``: the shortest probed context of one request.
+ONE_THREAD_PROBE_MIN_LEN = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +138,10 @@ class StepLayout:
     this additive score bias, ``[num_span * kv_heads, 1, decode_max_len]`` (``score_bias``
     of ``decode_visible``); None runs it through the fused SDPA kernel, unmasked when
     ``decode_all_visible`` (every row of the call sees every key: on a 2-core AVX2 CPU one
-    row attended 25-35% faster without the mask).
+    row attended 25-35% faster without the mask). ``decode_one_thread`` runs the decode
+    attention on the calling thread (``small_ops.OneThread``): for small calls, where
+    waking a sleeping thread costs more than the work it would take
+    (``measure_one_thread_decode_max_keys``).
     """
 
     cache: SlotKVCache
@@ -150,6 +157,7 @@ class StepLayout:
     decode_peeled: tuple[tuple[int, int, int], ...] = ()
     decode_bias: torch.Tensor | None = None
     decode_all_visible: bool = False
+    decode_one_thread: bool = False
     write_cache_rows: torch.Tensor = field(init=False)
     prefill_calls: tuple[PrefillSpan | FreshRun, ...] = field(init=False)
 
@@ -234,7 +242,8 @@ def attend(
     parts = []
     n = layout.num_decode
     if n:
-        parts.append(_decode(q[:n], keys, values, layout, scale))
+        with OneThread() if layout.decode_one_thread else nullcontext():
+            parts.append(_decode(q[:n], keys, values, layout, scale))
     # A batched call reads the new keys as computed; the cache holds them in its own dtype.
     calls = layout.prefill_calls if k_new.dtype == keys.dtype else layout.prefills
     for call in calls:
@@ -366,6 +375,48 @@ def measure_products_max_len(
             longest_winning = length
             length *= 2
     return longest_winning
+
+
+def measure_one_thread_decode_max_keys(
+    num_kv_heads: int,
+    group: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    max_len: int,
+    clock: Callable[[], float] = time.perf_counter,
+    repeats: int = 5,
+) -> int:
+    """The most keys up to which one request's decode attention (the fused SDPA kernel,
+    unmasked, over ``[1, num_kv_heads, length, head_dim]`` CPU tensors of ``dtype``) runs
+    faster on the calling thread than split over torch's threads, at every probed context
+    (``ONE_THREAD_PROBE_MIN_LEN``, doubling, up to ``max_len``); 0 when the split wins at
+    the first or torch runs one thread. Timed by ``interleaved.beats`` (best of
+    ``repeats``, the split first); the probing stops at the first loss. Where idle threads
+    sleep, the split pays a wake-up on every call."""
+    if torch.get_num_threads() <= 1:
+        return 0
+    generator = torch.Generator().manual_seed(0)
+    q = torch.rand(1, num_kv_heads, group, head_dim, generator=generator).to(dtype)
+    scale = head_dim**-0.5
+    most = 0
+    length = min(ONE_THREAD_PROBE_MIN_LEN, max_len)
+    one_thread = OneThread()
+    with torch.inference_mode():
+        while length <= max_len:
+            shape = (1, num_kv_heads, length, head_dim)
+            keys = torch.full(shape, 0.5, dtype=dtype)
+            values = torch.full(shape, 0.25, dtype=dtype)
+            split = partial(F.scaled_dot_product_attention, q, keys, values, scale=scale)
+
+            def alone(split: Callable[[], torch.Tensor] = split) -> torch.Tensor:
+                with one_thread:
+                    return split()
+
+            if not beats(alone, split, clock, repeats):
+                break
+            most = length
+            length *= 2
+    return most
 
 
 def _prefill(

@@ -83,6 +83,12 @@ class NativeEngineConfig:
         "projections from the bfloat16 weights themselves (float32 sums, no float32 copies "
         "read); -1 measures the crossover at load, 0 never.",
     )
+    decode_one_thread_max_keys: int = option(
+        -1,
+        "On CPU, a step's padded decode attention over at most this many keys in all "
+        "(requests x longest context) runs on the calling thread instead of waking the "
+        "others (same values); -1 measures the crossover at load, 0 never.",
+    )
     small_ops_max_elements: int = option(
         -1,
         "On CPU, elementwise work of a step (conversions, norms, activations) whose largest "
@@ -103,6 +109,11 @@ class NativeEngineConfig:
             raise ValueError(
                 "NativeEngineConfig.bf16_rows_max_tokens must be -1 (measure), 0 (never) or "
                 f"positive, got {self.bf16_rows_max_tokens}"
+            )
+        if self.decode_one_thread_max_keys < -1:
+            raise ValueError(
+                "NativeEngineConfig.decode_one_thread_max_keys must be -1 (measure), 0 (never) "
+                f"or positive, got {self.decode_one_thread_max_keys}"
             )
         if self.small_ops_max_elements < -1:
             raise ValueError(

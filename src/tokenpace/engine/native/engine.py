@@ -23,6 +23,7 @@ from tokenpace.engine.native.attention import (
     PEEL_CALL_TOKENS,
     PrefillSpan,
     StepLayout,
+    measure_one_thread_decode_max_keys,
     measure_products_max_len,
     score_bias,
 )
@@ -30,6 +31,7 @@ from tokenpace.engine.native.config import NativeEngineConfig
 from tokenpace.engine.native.fused_forward import FusedForward, unsupported_reason
 from tokenpace.engine.native.kv_cache import KVShape, SlotKVCache
 from tokenpace.engine.native.linear_kernels import (
+    FewRowsKernel,
     LinearKernel,
     PackedLinear,
     UpcastLinear,
@@ -103,6 +105,7 @@ class NativeEngine(BlockAccountedEngine):
             max_positions=config.max_model_len,
         )
         self.decode_products_max_len = self._choose_decode_attention()
+        self.decode_one_thread_max_keys = self._choose_decode_one_thread()
         self._blocks = BlockAccountant(config.num_blocks, config.block_size)
         self.step_logprobs: dict[int, TokenLogprob] = {}
         self.step_prompt_logprobs: dict[int, tuple[int, list[TokenLogprob]]] = {}
@@ -123,21 +126,26 @@ class NativeEngine(BlockAccountedEngine):
         that is configured or measured to win (on packed float32 copies unless
         ``pack_weights`` is off or oneDNN cannot pack them), else packed weights when
         ``pack_weights`` says so (``on``) or they are measured to win (``auto``), else
-        torch's product; except for packed weights, steps of few tokens may read bfloat16
-        weights themselves (``_with_bf16_rows``)."""
+        torch's product; either way steps of few tokens may read bfloat16 weights
+        themselves (``_with_bf16_rows``)."""
         packed_upcast = self._packs_upcast(weight)
         self.upcast_min_rows = self._choose_upcast(weight, packed_upcast)
+        kernel: FewRowsKernel
         if self.upcast_min_rows is None and self._choose_packing(weight):
-            return PackedLinear()
-        kernel = UpcastLinear(self.upcast_min_rows, packed=packed_upcast, small_ops=self.small_ops)
+            kernel = PackedLinear()
+        else:
+            kernel = UpcastLinear(
+                self.upcast_min_rows, packed=packed_upcast, small_ops=self.small_ops
+            )
         return self._with_bf16_rows(kernel)
 
-    def _with_bf16_rows(self, kernel: UpcastLinear) -> UpcastLinear:
+    def _with_bf16_rows(self, kernel: FewRowsKernel) -> FewRowsKernel:
         """``kernel`` reading bfloat16 weights themselves, on the calling thread, up to
         ``bf16_rows_max_tokens`` step tokens (``bf16_rows``): with a configured count for
         every weight; with ``-1``, for bfloat16 weights on the CPU, for the weights of at
-        most the size measured at one row over every layer's output and gate projections
-        and the LM head (``measure_few_rows_max_bytes``), up to the count measured against
+        most the size measured at one row over every layer's output and gate projections,
+        its gate and up projections as the fused forward holds them (one weight), and the
+        LM head (``measure_few_rows_max_bytes``), up to the count measured against
         ``kernel`` over those weights (``measure_few_rows``). A positive count is refused,
         naming why, for other weights."""
         setting = self.config.bf16_rows_max_tokens
@@ -157,6 +165,7 @@ class NativeEngine(BlockAccountedEngine):
         groups = [
             [layer.self_attn.o_proj.weight for layer in layers],
             [layer.mlp.gate_proj.weight for layer in layers],
+            [torch.cat((layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight)) for layer in layers],
             [self._model.lm_head.weight],
         ]
         max_bytes = measure_few_rows_max_bytes(kernel, groups, self._clock)
@@ -272,6 +281,22 @@ class NativeEngine(BlockAccountedEngine):
         group = self._model.config.num_attention_heads // shape.num_kv_heads
         return measure_products_max_len(
             shape.num_kv_heads, group, shape.head_dim, torch.float32,
+            self.config.max_model_len, self._clock,
+        )  # fmt: skip
+
+    def _choose_decode_one_thread(self) -> int:
+        """Up to how many keys in all a step's padded decode attention runs on the calling
+        thread: the configured value, else on the CPU measured at load
+        (``measure_one_thread_decode_max_keys``); 0 on other devices."""
+        setting = self.config.decode_one_thread_max_keys
+        if setting >= 0:
+            return setting
+        if self.loaded.device.type != "cpu":
+            return 0
+        shape = self._cache.shape
+        group = self._model.config.num_attention_heads // shape.num_kv_heads
+        return measure_one_thread_decode_max_keys(
+            shape.num_kv_heads, group, shape.head_dim, self.loaded.dtype,
             self.config.max_model_len, self._clock,
         )  # fmt: skip
 
@@ -475,6 +500,7 @@ class NativeEngine(BlockAccountedEngine):
             decode_peeled=tuple((row, slots[row], lengths[row]) for row in peeled_rows),
             decode_bias=None if bias is None else bias.to(device),
             decode_all_visible=bool(visible.all()),
+            decode_one_thread=0 < span * max_len <= self.decode_one_thread_max_keys,
         )
 
     def _forward(

@@ -118,9 +118,7 @@ class UpcastLinear:
 
     def prepare(self, weight: torch.Tensor) -> PreparedWeight:
         packed = pack_float32(weight) if self.packed and self.min_rows is not None else None
-        size = weight.numel() * weight.element_size()
-        bits = weight_bits(weight) if self.few_rows and size <= self.few_rows_max_bytes else None
-        return PreparedWeight(weight, packed, bits)
+        return PreparedWeight(weight, packed, _few_rows_bits(self, weight))
 
     def __call__(self, x: torch.Tensor, prepared: PreparedWeight) -> torch.Tensor:
         if prepared.bits is not None and x.shape[0] <= self.few_rows:
@@ -228,7 +226,7 @@ def measure_upcast_min_rows(
 
 
 def measure_few_rows_max_bytes(
-    kernel: UpcastLinear,
+    kernel: FewRowsKernel,
     groups: Sequence[Sequence[torch.Tensor]],
     clock: Clock = time.perf_counter,
     repeats: int = 3,
@@ -255,7 +253,7 @@ def measure_few_rows_max_bytes(
 
 
 def measure_few_rows(
-    kernel: UpcastLinear,
+    kernel: FewRowsKernel,
     weights: Sequence[torch.Tensor],
     clock: Clock = time.perf_counter,
     repeats: int = 3,
@@ -295,7 +293,7 @@ def _bits_pass(xs: Sequence[torch.Tensor], bits: Sequence[npt.NDArray[np.uint16]
 
 
 def _kernel_pass(
-    kernel: UpcastLinear, xs: Sequence[torch.Tensor], prepared: Sequence[PreparedWeight]
+    kernel: FewRowsKernel, xs: Sequence[torch.Tensor], prepared: Sequence[PreparedWeight]
 ) -> None:
     for x, weight in zip(xs, prepared, strict=True):
         kernel(x, weight)
@@ -305,17 +303,36 @@ def _kernel_pass(
 class PackedLinear:
     """oneDNN's product on weights reordered once into its blocked layout (see the module
     doc). ``prepare`` needs a CPU tensor and a torch built with oneDNN; it raises
-    RuntimeError where the weight's dtype has no oneDNN kernel."""
+    RuntimeError where the weight's dtype has no oneDNN kernel. As ``UpcastLinear``'s, up
+    to ``few_rows`` rows of ``x`` (0: never) the product of a weight of at most
+    ``few_rows_max_bytes`` bytes instead reads the bfloat16 weight itself on the calling
+    thread (``bf16_rows``): then the float32 product rounded to bfloat16, equal to oneDNN's
+    up to the summation order."""
+
+    few_rows: int = 0
+    few_rows_max_bytes: int = 0
 
     @property
     def name(self) -> str:
         return "packed"
 
     def prepare(self, weight: torch.Tensor) -> PreparedWeight:
-        return PreparedWeight(weight, _onednn_reorder(weight))
+        return PreparedWeight(weight, _onednn_reorder(weight), _few_rows_bits(self, weight))
 
     def __call__(self, x: torch.Tensor, prepared: PreparedWeight) -> torch.Tensor:
+        if prepared.bits is not None and x.shape[0] <= self.few_rows:
+            return bf16_rows_product(x, prepared.bits)
         return _onednn_linear(x, prepared.packed_or_raise())
+
+
+# The kernels that can hand their products of a few rows to ``bf16_rows``.
+FewRowsKernel = UpcastLinear | PackedLinear
+
+
+def _few_rows_bits(kernel: FewRowsKernel, weight: torch.Tensor) -> npt.NDArray[np.uint16] | None:
+    """``weight``'s 16-bit patterns where ``kernel`` reads it by ``bf16_rows``, else None."""
+    size = weight.numel() * weight.element_size()
+    return weight_bits(weight) if kernel.few_rows and size <= kernel.few_rows_max_bytes else None
 
 
 def packing_supported(dtype: torch.dtype) -> str | None:
