@@ -69,21 +69,6 @@ def test_few_rows_reach_the_last_count_that_wins_alone_and_summed() -> None:
     assert measure_few_rows(kernel, [torch.zeros(4, 4)], scripted_clock([]), 3) == 0
 
 
-def test_the_engine_reads_bfloat16_weights_for_few_rows_keeping_greedy_outputs() -> None:
-    def config(few_rows: int) -> NativeEngineConfig:
-        return NativeEngineConfig(
-            model=TINY, device="cpu", num_threads=1, dtype="bfloat16", upcast_min_tokens=0,
-            pack_weights="off", bf16_rows_max_tokens=few_rows,
-        )  # fmt: skip
-
-    plain = NativeEngine.load(config(0), rng=np.random.default_rng(0))
-    few = NativeEngine(plain.loaded, config(64), time.perf_counter, np.random.default_rng(0))
-    assert (plain.bf16_rows_max_tokens, few.bf16_rows_max_tokens) == (0, 64)
-    kernel = few.projection_kernel
-    assert isinstance(kernel, UpcastLinear) and kernel.few_rows_max_bytes > 0
-    assert_mostly_the_same_tokens(_greedy(few), _greedy(plain))
-
-
 @needs_packing
 def test_the_packed_kernel_reads_few_rows_of_small_weights_itself() -> None:
     small, large = _weight(48, 32), _weight(96, 32, seed=2)
@@ -98,21 +83,27 @@ def test_the_packed_kernel_reads_few_rows_of_small_weights_itself() -> None:
         assert torch.equal(kernel(x, prepared_large), torch.nn.functional.linear(x, large))
 
 
-@needs_packing
-def test_the_engine_reads_few_rows_beside_packed_weights_keeping_greedy_outputs() -> None:
+@pytest.mark.parametrize(
+    ("pack_weights", "kernel_type"),
+    [("off", UpcastLinear), pytest.param("on", PackedLinear, marks=needs_packing)],
+)
+def test_the_engine_reads_bfloat16_weights_for_few_rows_keeping_greedy_outputs(
+    pack_weights: str, kernel_type: type
+) -> None:
     def config(few_rows: int) -> NativeEngineConfig:
         return NativeEngineConfig(
             model=TINY, device="cpu", num_threads=1, dtype="bfloat16", upcast_min_tokens=0,
-            pack_weights="on", bf16_rows_max_tokens=few_rows,
+            pack_weights=pack_weights, bf16_rows_max_tokens=few_rows,
         )  # fmt: skip
 
-    packed = NativeEngine.load(config(0), rng=np.random.default_rng(0))
-    few = NativeEngine(packed.loaded, config(64), time.perf_counter, np.random.default_rng(0))
+    reference = NativeEngine.load(config(0), rng=np.random.default_rng(0))
+    few = NativeEngine(reference.loaded, config(64), time.perf_counter, np.random.default_rng(0))
+    assert (reference.bf16_rows_max_tokens, few.bf16_rows_max_tokens) == (0, 64)
     kernel = few.projection_kernel
-    assert isinstance(kernel, PackedLinear) and (kernel.few_rows, few.linear_kernel) == (
-        64, "packed",
-    )  # fmt: skip
-    assert_mostly_the_same_tokens(_greedy(few), _greedy(packed))
+    assert isinstance(kernel, UpcastLinear | PackedLinear) and isinstance(kernel, kernel_type)
+    assert kernel.few_rows_max_bytes > 0
+    assert few.linear_kernel == reference.linear_kernel
+    assert_mostly_the_same_tokens(_greedy(few), _greedy(reference))
 
 
 def test_reading_bfloat16_weights_is_refused_for_float32_ones() -> None:

@@ -353,28 +353,35 @@ def measure_products_max_len(
     generator = torch.Generator().manual_seed(0)
     q = torch.rand(batch, num_kv_heads, group, head_dim, generator=generator).to(dtype)
     scale = head_dim**-0.5
-    longest_winning = None
-    length = min(PRODUCTS_PROBE_MIN_LEN, max_len)
+
+    def products_win(length: int) -> bool:
+        # The kernels' time does not depend on the keys' and values' values.
+        shape = (batch, num_kv_heads, length, head_dim)
+        keys = torch.full(shape, 0.5, dtype=dtype)
+        values = torch.full(shape, 0.25, dtype=dtype)
+        contexts = torch.randint(length // 2 + 1, length + 1, (batch,), generator=generator)
+        contexts[0] = length
+        visible = torch.arange(length)[None, :] < contexts[:, None]
+        bias = score_bias(visible, num_kv_heads, dtype)
+        mask = visible[:, None, None, :]
+        products = partial(products_attention, q, keys, values, bias, scale)
+        sdpa = partial(F.scaled_dot_product_attention, q, keys, values, attn_mask=mask, scale=scale)
+        return beats(products, sdpa, clock, repeats)
+
+    return _longest_winning(PRODUCTS_PROBE_MIN_LEN, max_len, products_win)
+
+
+def _longest_winning(shortest: int, longest: int, wins: Callable[[int], bool]) -> int | None:
+    """The longest of the probed lengths (``min(shortest, longest)``, doubling, up to
+    ``longest``) up to which ``wins`` holds at every probe, or None when it fails at the
+    first; probing (under inference mode) stops at the first failure."""
+    winning = None
+    length = min(shortest, longest)
     with torch.inference_mode():
-        while length <= max_len:
-            # The kernels' time does not depend on the keys' and values' values.
-            shape = (batch, num_kv_heads, length, head_dim)
-            keys = torch.full(shape, 0.5, dtype=dtype)
-            values = torch.full(shape, 0.25, dtype=dtype)
-            contexts = torch.randint(length // 2 + 1, length + 1, (batch,), generator=generator)
-            contexts[0] = length
-            visible = torch.arange(length)[None, :] < contexts[:, None]
-            bias = score_bias(visible, num_kv_heads, dtype)
-            mask = visible[:, None, None, :]
-            products = partial(products_attention, q, keys, values, bias, scale)
-            sdpa = partial(
-                F.scaled_dot_product_attention, q, keys, values, attn_mask=mask, scale=scale
-            )
-            if not beats(products, sdpa, clock, repeats):
-                break
-            longest_winning = length
+        while length <= longest and wins(length):
+            winning = length
             length *= 2
-    return longest_winning
+    return winning
 
 
 def measure_one_thread_decode_max_keys(
@@ -398,25 +405,21 @@ def measure_one_thread_decode_max_keys(
     generator = torch.Generator().manual_seed(0)
     q = torch.rand(1, num_kv_heads, group, head_dim, generator=generator).to(dtype)
     scale = head_dim**-0.5
-    most = 0
-    length = min(ONE_THREAD_PROBE_MIN_LEN, max_len)
     one_thread = OneThread()
-    with torch.inference_mode():
-        while length <= max_len:
-            shape = (1, num_kv_heads, length, head_dim)
-            keys = torch.full(shape, 0.5, dtype=dtype)
-            values = torch.full(shape, 0.25, dtype=dtype)
-            split = partial(F.scaled_dot_product_attention, q, keys, values, scale=scale)
 
-            def alone(split: Callable[[], torch.Tensor] = split) -> torch.Tensor:
-                with one_thread:
-                    return split()
+    def one_thread_wins(length: int) -> bool:
+        shape = (1, num_kv_heads, length, head_dim)
+        keys = torch.full(shape, 0.5, dtype=dtype)
+        values = torch.full(shape, 0.25, dtype=dtype)
+        split = partial(F.scaled_dot_product_attention, q, keys, values, scale=scale)
 
-            if not beats(alone, split, clock, repeats):
-                break
-            most = length
-            length *= 2
-    return most
+        def alone() -> torch.Tensor:
+            with one_thread:
+                return split()
+
+        return beats(alone, split, clock, repeats)
+
+    return _longest_winning(ONE_THREAD_PROBE_MIN_LEN, max_len, one_thread_wins) or 0
 
 
 def _prefill(
