@@ -161,22 +161,16 @@ def test_products_reach_the_longest_context_before_their_first_loss() -> None:
 
 def test_one_thread_decode_takes_keys_up_to_its_first_loss() -> None:
     # Probed contexts of one request: 64, 128, 256, 512 (the engine's longest).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        faster_then_slower = scripted_clock([0.5, 0.5, 2.0, 0.5], repeats=5)
-        assert (
-            measure_one_thread_decode_max_keys(2, 2, 8, torch.float32, 512, faster_then_slower)
-            == 128
+    def most_keys(candidate_s: list[float], threads: int = 2) -> int:
+        clock = scripted_clock(candidate_s, repeats=5)
+        return measure_one_thread_decode_max_keys(
+            2, 2, 8, torch.float32, 512, clock, num_threads=threads
         )
-        slower = scripted_clock([2.0], repeats=5)
-        assert measure_one_thread_decode_max_keys(2, 2, 8, torch.float32, 512, slower) == 0
-        everywhere = scripted_clock([0.5] * 4, repeats=5)
-        assert measure_one_thread_decode_max_keys(2, 2, 8, torch.float32, 512, everywhere) == 512
-        torch.set_num_threads(1)
-        assert measure_one_thread_decode_max_keys(2, 2, 8, torch.float32, 512, slower) == 0
-    finally:
-        torch.set_num_threads(threads)
+
+    assert most_keys([0.5, 0.5, 2.0, 0.5]) == 128
+    assert most_keys([2.0]) == 0
+    assert most_keys([0.5] * 4) == 512
+    assert most_keys([], threads=1) == 0
 
 
 def test_fresh_chunks_of_one_length_in_a_row_form_one_call() -> None:

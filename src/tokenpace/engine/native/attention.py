@@ -392,6 +392,7 @@ def measure_one_thread_decode_max_keys(
     max_len: int,
     clock: Callable[[], float] = time.perf_counter,
     repeats: int = 5,
+    num_threads: int | None = None,
 ) -> int:
     """The most keys up to which one request's decode attention (the fused SDPA kernel,
     unmasked, over ``[1, num_kv_heads, length, head_dim]`` CPU tensors of ``dtype``) runs
@@ -399,8 +400,9 @@ def measure_one_thread_decode_max_keys(
     (``ONE_THREAD_PROBE_MIN_LEN``, doubling, up to ``max_len``); 0 when the split wins at
     the first or torch runs one thread. Timed by ``interleaved.beats`` (best of
     ``repeats``, the split first); the probing stops at the first loss. Where idle threads
-    sleep, the split pays a wake-up on every call."""
-    if torch.get_num_threads() <= 1:
+    sleep, the split pays a wake-up on every call. ``num_threads`` is torch's thread count
+    unless given."""
+    if (num_threads if num_threads is not None else torch.get_num_threads()) <= 1:
         return 0
     generator = torch.Generator().manual_seed(0)
     q = torch.rand(1, num_kv_heads, group, head_dim, generator=generator).to(dtype)
