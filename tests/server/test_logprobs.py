@@ -12,7 +12,7 @@ import pytest
 
 from tests.server.conftest import RunningServer
 from tests.server.helpers import MODEL, sse_payloads
-from tests.server.reference_model import Reference, close
+from tests.server.reference_model import TOLERANCE, Reference, close
 
 pytestmark = pytest.mark.slow
 
@@ -88,10 +88,27 @@ def test_chat_logprobs_and_top_logprobs_match_a_forward_pass(
     output = reference.greedy(ids, 5)
     expected = reference.logprobs([*ids, *output])
     dtype = reference.dtype
-    assert [c["token"] for c in content] == [reference.text(t) for t in output]
+    served_text = [c["token"] for c in content]
+    tokens = list(output)
+    agree = next(
+        (i for i, t in enumerate(output) if served_text[i] != reference.text(t)), len(output)
+    )
+    if agree < len(output):
+        # The engine's products sum in another order than the forward pass's: its greedy
+        # choice may differ only where the pass's two best tokens tie to the dtype's
+        # rounding; from there the two continuations differ, so the check ends there.
+        top = expected[len(ids) - 1 + agree].topk(2)
+        best = {reference.text(int(t)): int(t) for t in top.indices}
+        assert served_text[agree] in best, (served_text, [reference.text(t) for t in output])
+        # Each of the two may sit the dtype's tolerance from the pass's value.
+        absolute, relative = TOLERANCE[dtype]
+        gap = float(top.values[0] - top.values[1])
+        assert gap <= 2 * (absolute + relative * abs(float(top.values[0]))), gap
+        tokens[agree] = best[served_text[agree]]
+        content = content[: agree + 1]
     for i, entry in enumerate(content):
         row = expected[len(ids) - 1 + i]
-        assert close(entry["logprob"], float(row[output[i]]), dtype)
+        assert close(entry["logprob"], float(row[tokens[i]]), dtype)
         assert entry["bytes"] == list(entry["token"].encode())
         served = {t["token"]: t["logprob"] for t in entry["top_logprobs"]}
         assert len(served) == 2
