@@ -317,11 +317,11 @@ def test_small_decode_attention_on_one_thread_keeps_the_outputs_exactly(
 ) -> None:
     split = _engine(dtype="float32", decode_one_thread_max_keys=0)
     alone = _twin(split, dtype="float32", decode_one_thread_max_keys=10**6)
-    entered: list[int] = []
+    entered: list[OneThread] = []
 
     class Counted(OneThread):
         def __enter__(self) -> None:
-            entered.append(1)
+            entered.append(self)
             super().__enter__()
 
     monkeypatch.setattr(attention, "OneThread", Counted)
