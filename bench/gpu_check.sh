@@ -8,6 +8,7 @@
 #   bench/gpu_check.sh            # CUDA, about 5 minutes, stops after 10
 #   bench/gpu_check.sh --dry-run  # the same path on the CPU with a tiny model, seconds
 #   GPU_CHECK_DRY_RUN=1 bench/gpu_check.sh
+#   bench/gpu_check.sh --decode-graphs=off   # the engine without CUDA graphs (auto, on, eager, off)
 #
 # PYTHON picks the interpreter (default: python3 on PATH) and must have tokenpace[native].
 set -euo pipefail
@@ -19,7 +20,8 @@ fi
 for arg in "$@"; do
   case "$arg" in
     --dry-run) args+=(--dry-run) ;;
-    *) echo "gpu_check.sh: unknown argument '$arg' (only --dry-run)" >&2; exit 2 ;;
+    --decode-graphs=*) args+=(--decode-graphs "${arg#--decode-graphs=}") ;;
+    *) echo "gpu_check.sh: unknown argument '$arg' (--dry-run, --decode-graphs=MODE)" >&2; exit 2 ;;
   esac
 done
 

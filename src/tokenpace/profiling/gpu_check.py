@@ -31,6 +31,7 @@ from tokenpace.core.cache import default_cache_dir
 from tokenpace.core.config import option
 from tokenpace.core.sampling import SamplingParams
 from tokenpace.engine.native import NativeEngine, NativeEngineConfig
+from tokenpace.engine.native.config import DECODE_GRAPHS
 from tokenpace.engine.native.probe import NativeProbe
 from tokenpace.engine.profile import EngineProfile, load_profile
 from tokenpace.metrics.run_metrics import RunKey, summarize_run
@@ -166,6 +167,7 @@ def gpu_check(config: GpuCheckConfig, out_dir: Path, log: Log) -> dict[str, Any]
         "model": config.engine.model,
         "dtype": config.engine.dtype,
         "forward_path": engine.forward_path,
+        "decode_graphs": engine.decode_graphs,
         "upcast_min_rows": engine.upcast_min_rows,
         "linear_kernel": engine.linear_kernel,
         "weight_bytes": loaded.weight_bytes,
@@ -202,6 +204,11 @@ class GpuCheckSettings:
 
     dry_run: bool = option(False, "Tiny model on the CPU, reduced sweep.")
     out: Path | None = option(None, "Output directory (default: the cache directory's gpu_check).")
+    decode_graphs: str = option(
+        "auto",
+        "The native engine's decode_graphs (auto: CUDA graphs on CUDA).",
+        choices=DECODE_GRAPHS,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -216,6 +223,7 @@ def run(args: GpuCheckSettings) -> None:
     """Profile, time and compare; write result.json into ``args.out`` and print it."""
     out = args.out if args.out is not None else default_cache_dir() / "gpu_check"
     config = dry_run_config() if args.dry_run else GpuCheckConfig()
+    config = replace(config, engine=replace(config.engine, decode_graphs=args.decode_graphs))
     if not args.dry_run:
         import torch
 

@@ -15,6 +15,8 @@ DTYPES = DTYPE_CHOICES
 PACK_WEIGHTS = ("auto", "on", "off")
 # ``decode_attention``: measured at load, the fused SDPA kernel, batched products.
 DECODE_ATTENTION = ("auto", "sdpa", "products")
+# ``decode_graphs``: captured on CUDA, captured (CUDA only), uncaptured pieces, never.
+DECODE_GRAPHS = ("auto", "on", "eager", "off")
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +91,14 @@ class NativeEngineConfig:
         "(requests x longest context) runs on the calling thread instead of waking the "
         "others (same values); -1 measures the crossover at load, 0 never.",
     )
+    decode_graphs: str = option(
+        "auto",
+        "Fused forward: decode-only steps run through static buffers per step size, the work "
+        "between two attentions replayed as one CUDA graph (attention itself uncaptured). "
+        "auto (captured on CUDA, off elsewhere), on (captured; needs CUDA), eager (the same "
+        "buffers and pieces uncaptured, on any device), off.",
+        choices=DECODE_GRAPHS,
+    )
     small_ops_max_elements: int = option(
         -1,
         "On CPU, elementwise work of a step (conversions, norms, activations) whose largest "
@@ -129,6 +139,11 @@ class NativeEngineConfig:
             raise ValueError(
                 "NativeEngineConfig.decode_attention must be auto, sdpa or products, "
                 f"got {self.decode_attention!r}"
+            )
+        if self.decode_graphs not in DECODE_GRAPHS:
+            raise ValueError(
+                "NativeEngineConfig.decode_graphs must be auto, on, eager or off, "
+                f"got {self.decode_graphs!r}"
             )
         if self.dtype not in DTYPES:
             raise ValueError(

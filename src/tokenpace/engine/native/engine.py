@@ -28,6 +28,7 @@ from tokenpace.engine.native.attention import (
     score_bias,
 )
 from tokenpace.engine.native.config import NativeEngineConfig
+from tokenpace.engine.native.decode_graphs import DecodeGraphs, bucket_sizes
 from tokenpace.engine.native.fused_forward import FusedForward, unsupported_reason
 from tokenpace.engine.native.kv_cache import KVShape, SlotKVCache
 from tokenpace.engine.native.linear_kernels import (
@@ -106,6 +107,7 @@ class NativeEngine(BlockAccountedEngine):
         )
         self.decode_products_max_len = self._choose_decode_attention()
         self.decode_one_thread_max_keys = self._choose_decode_one_thread()
+        self._decode_graphs = self._choose_decode_graphs()
         self._blocks = BlockAccountant(config.num_blocks, config.block_size)
         self.step_logprobs: dict[int, TokenLogprob] = {}
         self.step_prompt_logprobs: dict[int, tuple[int, list[TokenLogprob]]] = {}
@@ -300,6 +302,40 @@ class NativeEngine(BlockAccountedEngine):
             self.config.max_model_len, self._clock,
         )  # fmt: skip
 
+    def _choose_decode_graphs(self) -> DecodeGraphs | None:
+        """Decode-only steps through per-size buffers (``decode_graphs``): captured as CUDA
+        graphs with ``on`` (refused, naming why, off CUDA or without the fused forward)
+        and with ``auto`` on CUDA; uncaptured with ``eager``; None otherwise."""
+        setting = self.config.decode_graphs
+        device = self.loaded.device
+        if setting == "on" and (device.type != "cuda" or self._fused is None):
+            raise ValueError(
+                "NativeEngineConfig.decode_graphs='on' needs the fused forward on a CUDA "
+                f"device, got {self.forward_path} on {device}; use 'auto', 'eager' or 'off'"
+            )
+        if self._fused is None or setting == "off" or (setting == "auto" and device.type != "cuda"):
+            return None
+        sizes = bucket_sizes(self.config.max_num_seqs)
+        return DecodeGraphs(self._fused, sizes, device, capture=setting != "eager")
+
+    @property
+    def decode_graphs(self) -> str:
+        """How decode-only steps run: ``captured`` (CUDA graphs between attentions),
+        ``eager`` (the same pieces uncaptured) or ``off`` (the fused forward's own call;
+        with the reason in parentheses where captured logits differed and switched the
+        graphs off)."""
+        graphs = self._decode_graphs
+        if graphs is None:
+            return "off"
+        if graphs.disabled is not None:
+            return f"off ({graphs.disabled})"
+        return "captured" if graphs.capture else "eager"
+
+    @property
+    def decode_graph_sizes(self) -> tuple[int, ...]:
+        """Decode step sizes whose buffers (and graphs) were built so far."""
+        return () if self._decode_graphs is None else self._decode_graphs.captured_sizes
+
     @property
     def decode_attention(self) -> str:
         """How padded decode attention runs: ``sdpa``, or ``products<=N`` (batched
@@ -379,9 +415,13 @@ class NativeEngine(BlockAccountedEngine):
                     prompt_rows.append((request, row, first + 1, list(prompt[first + 1 : end + 1])))
         layout = self._layout(decode, prefill)
         extra_rows = [r + i for _, r, _, nexts in prompt_rows for i in range(len(nexts))]
-        all_logits = self._forward(token_ids, positions, [*sample_rows, *extra_rows], layout)
-        logits = all_logits[: len(sample_rows)]
-        self._prompt_logprobs(prompt_rows, all_logits[len(sample_rows) :])
+        # Every row a decode token, each sampled: the step may take the decode graphs.
+        decode_only = not prefill and not extra_rows and len(sample_rows) == len(token_ids)
+        all_logits = self._forward(
+            token_ids, positions, [*sample_rows, *extra_rows], layout, decode_only
+        )
+        logits = _HostRows(all_logits[: len(sample_rows)])
+        self._prompt_logprobs(prompt_rows, _HostRows(all_logits[len(sample_rows) :]).all())
         self.step_logprobs = {}
         for chunk in chunks:
             chunk.request.num_computed_tokens += chunk.num_tokens
@@ -395,10 +435,13 @@ class NativeEngine(BlockAccountedEngine):
             params = request.sampling
             index = params.first_output_index + request.num_output_tokens
             banned = self.loaded.eos_token_ids if index < params.min_tokens else frozenset()
-            token = sample(logits[row], params, seed, index, banned)
+            if params.temperature == 0 and not banned:
+                token = logits.argmax(row)
+            else:
+                token = sample(logits.row(row), params, seed, index, banned)
             sampled[request.request_id] = token
             if params.logprobs is not None:
-                entry = token_logprobs(logits[row : row + 1], [token], params.logprobs)[0]
+                entry = token_logprobs(logits.rows(row, row + 1), [token], params.logprobs)[0]
                 self.step_logprobs[request.request_id] = entry
             if should_stop(
                 self.tokenizer,
@@ -504,18 +547,30 @@ class NativeEngine(BlockAccountedEngine):
         )
 
     def _forward(
-        self, token_ids: list[int], positions: list[int], sample_rows: list[int], layout: StepLayout
+        self,
+        token_ids: list[int],
+        positions: list[int],
+        sample_rows: list[int],
+        layout: StepLayout,
+        decode_only: bool = False,
     ) -> torch.Tensor:
-        """Logits ``[len(sample_rows), vocab]`` (float32, CPU) at the given flattened rows."""
+        """Logits ``[len(sample_rows), vocab]`` at the given flattened rows: float32 on the
+        CPU; on other devices left there (model dtype), for ``_HostRows`` to bring over
+        only what sampling needs. ``decode_only``: every row is a decode token and sampled
+        (the decode graphs may take the step)."""
         device = self.loaded.device
         if self._fused is not None:
             with torch.inference_mode():
-                fused = self._fused(
-                    torch.tensor(token_ids, dtype=torch.long, device=device),
-                    torch.tensor(positions, dtype=torch.long, device=device),
-                    torch.tensor(sample_rows, dtype=torch.long, device=device),
-                    layout,
-                )
+                ids = torch.tensor(token_ids, dtype=torch.long, device=device)
+                at = torch.tensor(positions, dtype=torch.long, device=device)
+                graphs = self._decode_graphs
+                if decode_only and graphs is not None and graphs.covers(len(token_ids)):
+                    fused = graphs(ids, at, layout)
+                else:
+                    rows = torch.tensor(sample_rows, dtype=torch.long, device=device)
+                    fused = self._fused(ids, at, rows, layout)
+                if device.type != "cpu":
+                    return fused
                 with self.small_ops.one_thread(fused.numel()):
                     return fused.float().cpu()
         with torch.inference_mode():
@@ -526,8 +581,43 @@ class NativeEngine(BlockAccountedEngine):
                 use_cache=False,
                 **{LAYOUT_KWARG: layout},
             )
-        logits: torch.Tensor = out.logits[0].float().cpu()
-        return logits
+        logits: torch.Tensor = out.logits[0]
+        return logits.float().cpu() if device.type == "cpu" else logits
+
+
+class _HostRows:
+    """A step's logits ``[rows, vocab]`` as sampling reads them: on the CPU the float32
+    tensor itself; on another device, greedy choices taken there in one call for all rows
+    (one small copy instead of every row's vocabulary), and a row brought over (float32)
+    only when sampling or logprobs need it."""
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        self._logits = logits
+        self._on_cpu = logits.device.type == "cpu"
+        self._argmax: list[int] | None = None
+
+    def argmax(self, row: int) -> int:
+        """The row's first largest logit (numpy's argmax on the CPU, a fraction of torch's
+        cost there; torch's, which also takes the first of equal maxima, elsewhere)."""
+        if self._on_cpu:
+            return int(self._logits[row].numpy().argmax())
+        if self._argmax is None:
+            self._argmax = self._logits.argmax(dim=-1).tolist()
+        return self._argmax[row]
+
+    def row(self, row: int) -> torch.Tensor:
+        """Row ``row`` (``[vocab]``, float32, CPU)."""
+        return self.rows(row, row + 1)[0]
+
+    def rows(self, start: int, end: int) -> torch.Tensor:
+        """Rows ``start .. end - 1`` (float32, CPU)."""
+        if self._on_cpu:
+            return self._logits[start:end]
+        return self._logits[start:end].float().cpu()
+
+    def all(self) -> torch.Tensor:
+        """Every row (float32, CPU)."""
+        return self.rows(0, int(self._logits.shape[0]))
 
 
 def _ensure_prompt_ids(request: Request, tokenizer: Any) -> None:

@@ -14,6 +14,7 @@ the matrix products are grouped differently.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,6 +124,21 @@ class FusedForward:
             (self._num_heads + 2 * self._num_kv_heads) * self._head_dim,
         )
 
+    @property
+    def num_layers(self) -> int:
+        return len(self._layers)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The hidden states' dtype (the embedding's)."""
+        dtype: torch.dtype = self._inner.embed_tokens.weight.dtype
+        return dtype
+
+    @property
+    def attention_width(self) -> int:
+        """Elements of one token's attention output (query heads x head size)."""
+        return self._num_heads * self._head_dim
+
     def __call__(
         self,
         token_ids: torch.Tensor,
@@ -132,43 +148,85 @@ class FusedForward:
     ) -> torch.Tensor:
         """``token_ids`` and ``positions`` are ``[tokens]`` in the layout's row order;
         returns the logits ``[len(sample_rows), vocab]`` in the model's dtype."""
+        small = self._small_ops.one_thread(token_ids.shape[0] * self._widest)
+        x, cos, sin = self.embed(token_ids, positions, small)
+        for layer in range(self.num_layers):
+            q, k, v = self.before_attention(layer, x, cos, sin, small)
+            out = self.attend(layer, q, k, v, layout)
+            x = self.after_attention(layer, x, out, small)
+        return self.head(x[sample_rows], small)
+
+    def one_thread(self, num_tokens: int) -> AbstractContextManager[None]:
+        """The context the elementwise work of a ``num_tokens`` step runs in."""
+        return self._small_ops.one_thread(num_tokens * self._widest)
+
+    def embed(
+        self, token_ids: torch.Tensor, positions: torch.Tensor, small: AbstractContextManager[None]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The hidden states ``[tokens, hidden]`` of ``token_ids`` and RoPE's cos and sign-
+        folded sin ``[tokens, 1, head_dim]`` at ``positions``."""
         x = self._inner.embed_tokens(token_ids)
         cos, sin = self._inner.rotary_emb(x[None], positions[None])
         half = self._head_dim // 2
-        cos = cos[0, :, None, :]
         # rotate_half(v) * sin == cat(v2, v1) * cat(-sin1, sin2): negation is exact.
         sin = torch.cat((-sin[0, :, None, :half], sin[0, :, None, half:]), dim=-1)
+        return x, cos[0, :, None, :], sin
+
+    def before_attention(
+        self,
+        layer: int,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        small: AbstractContextManager[None],
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Layer ``layer``'s input norm, query/key/value product and RoPE on ``x``: the
+        queries ``[tokens, q_heads, dim]``, keys and values ``[tokens, kv_heads, dim]``."""
+        spec = self._layers[layer]
         num_tokens = x.shape[0]
         q_heads, kv_heads, dim = self._num_heads, self._num_kv_heads, self._head_dim
-        linear = self._linear
-        # The elementwise work between the products and attention (see ``small_ops``).
-        small = self._small_ops.one_thread(num_tokens * self._widest)
-        for layer in self._layers:
-            with small:
-                h = _rms_norm(x, layer.input_norm, self._eps)
-            qkv = linear(h, layer.qkv).view(num_tokens, q_heads + 2 * kv_heads, dim)
-            with small:
-                qk = qkv[:, : q_heads + kv_heads]
-                turned = torch.cat((qk[..., half:], qk[..., :half]), dim=-1)
-                qk = qk * cos + turned * sin
-            out = attend(
-                layer.index,
-                qk[:, :q_heads],
-                qk[:, q_heads:],
-                qkv[:, q_heads + kv_heads :],
-                layout,
-                layer.scale,
-            )
-            attended = linear(out.reshape(num_tokens, q_heads * dim), layer.o)
-            with small:
-                x = x + attended
-                h = _rms_norm(x, layer.post_norm, self._eps)
-            gate, up = linear(h, layer.gate_up).chunk(2, dim=-1)
-            with small:
-                activated = layer.act(gate) * up
-            projected = linear(activated, layer.down)
-            with small:
-                x = x + projected
+        half = dim // 2
         with small:
-            h = _rms_norm(x[sample_rows], self._inner.norm.weight, self._eps)
-        return linear(h, self._lm_head)
+            h = _rms_norm(x, spec.input_norm, self._eps)
+        qkv = self._linear(h, spec.qkv).view(num_tokens, q_heads + 2 * kv_heads, dim)
+        with small:
+            qk = qkv[:, : q_heads + kv_heads]
+            turned = torch.cat((qk[..., half:], qk[..., :half]), dim=-1)
+            qk = qk * cos + turned * sin
+        return qk[:, :q_heads], qk[:, q_heads:], qkv[:, q_heads + kv_heads :]
+
+    def attend(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: StepLayout
+    ) -> torch.Tensor:
+        """Write layer ``layer``'s keys and values into the cache and attend (``attend``);
+        returns ``[tokens, q_heads, dim]``."""
+        return attend(layer, q, k, v, layout, self._layers[layer].scale)
+
+    def after_attention(
+        self,
+        layer: int,
+        x: torch.Tensor,
+        attended: torch.Tensor,
+        small: AbstractContextManager[None],
+    ) -> torch.Tensor:
+        """The rest of layer ``layer``: output product and residual, post-attention norm,
+        MLP and residual; ``attended`` is ``[tokens, q_heads, dim]`` (or flattened heads)."""
+        spec = self._layers[layer]
+        linear = self._linear
+        flat = attended.reshape(x.shape[0], self._num_heads * self._head_dim)
+        projected = linear(flat, spec.o)
+        with small:
+            x = x + projected
+            h = _rms_norm(x, spec.post_norm, self._eps)
+        gate, up = linear(h, spec.gate_up).chunk(2, dim=-1)
+        with small:
+            activated = spec.act(gate) * up
+        down = linear(activated, spec.down)
+        with small:
+            return x + down
+
+    def head(self, x: torch.Tensor, small: AbstractContextManager[None]) -> torch.Tensor:
+        """The final norm and LM head on the rows of ``x``: logits ``[rows, vocab]``."""
+        with small:
+            h = _rms_norm(x, self._inner.norm.weight, self._eps)
+        return self._linear(h, self._lm_head)
