@@ -26,12 +26,15 @@ def _run(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[
 @pytest.mark.native
 @pytest.mark.slow
 def test_dry_run_profiles_times_and_compares_every_scheduler(tmp_path: Path) -> None:
-    done = _run(tmp_path, GPU_CHECK_DRY_RUN="1")
+    # Decode steps through the per-size pieces a GPU captures, uncaptured.
+    done = _run(tmp_path, "--decode-graphs=eager", GPU_CHECK_DRY_RUN="1")
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["complete"] is True
     assert result["device"] == "cpu"
     assert result["model"] == "random:tiny-llama"
     assert result["forward_path"] == "fused"
+    assert result["decode_graphs"] == "eager"
     assert result["roofline_ms"] > 0
     assert result["b1_step_ms"] > result["roofline_ms"] * 0.5
     assert result["profile"]["l_min_ms"] > 0
@@ -52,3 +55,6 @@ def test_unknown_argument_is_refused_by_name(tmp_path: Path) -> None:
     done = _run(tmp_path, "--fast")
     assert done.returncode == 2
     assert "unknown argument '--fast'" in done.stderr
+    done = _run(tmp_path, "--decode-graphs=sometimes")
+    assert done.returncode == 2
+    assert "--decode-graphs 'sometimes' is not a valid choice" in done.stderr

@@ -98,19 +98,16 @@ def dry_run_config() -> GpuCheckConfig:
 
 
 def run_schedulers(
-    backend: StepLoopBackend, profile: EngineProfile, config: GpuCheckConfig, log: Log
+    backend: StepLoopBackend,
+    profile: EngineProfile,
+    config: GpuCheckConfig,
+    log: Log,
+    on_run: Callable[[str, dict[str, Any]], None] = lambda name, run: None,
 ) -> tuple[PoissonWorkload, dict[str, dict[str, Any]]]:
     """Every scheduler on the same requests (EOS ignored, as in the simulator); returns the
-    workload and per scheduler the results.json ``runs`` entry."""
-    reference = load_profile(REFERENCE_PROFILE)
-    capacity = pool_capacity_rps(profile, PAPER_PROMPT_LENGTHS, PAPER_OUTPUT_LENGTHS, 1)
-    rate = main_load_factor(reference) * capacity
-    workload = PoissonWorkload(
-        name="main",
-        rate_per_s=rate,
-        duration_s=2 * config.max_requests / rate,
-        max_requests=config.max_requests,
-    )
+    workload and per scheduler the results.json ``runs`` entry, each also passed to
+    ``on_run`` as it finishes."""
+    workload = main_workload(profile, config)
     # Real engines stop requests through max_tokens (ignore_eos), so it carries the true length.
     specs = with_known_lengths(workload.generate(np.random.default_rng(config.seed)))
     runs: dict[str, dict[str, Any]] = {}
@@ -123,7 +120,22 @@ def run_schedulers(
             f"{name}: {runs[name]['n_completed']}/{len(specs)} done in "
             f"{runs[name]['duration_s']:.1f} s, TTFT p50 {runs[name]['ttft_ms']['p50']:.0f} ms"
         )
+        on_run(name, runs[name])
     return workload, runs
+
+
+def main_workload(profile: EngineProfile, config: GpuCheckConfig) -> PoissonWorkload:
+    """The paper's main experiment at the same multiple of ``profile``'s capacity as the
+    paper's 18 req/s on the reference profile."""
+    reference = load_profile(REFERENCE_PROFILE)
+    capacity = pool_capacity_rps(profile, PAPER_PROMPT_LENGTHS, PAPER_OUTPUT_LENGTHS, 1)
+    rate = main_load_factor(reference) * capacity
+    return PoissonWorkload(
+        name="main",
+        rate_per_s=rate,
+        duration_s=2 * config.max_requests / rate,
+        max_requests=config.max_requests,
+    )
 
 
 def _brief(run: dict[str, Any]) -> dict[str, float]:
@@ -139,7 +151,8 @@ def _brief(run: dict[str, Any]) -> dict[str, float]:
 
 
 def gpu_check(config: GpuCheckConfig, out_dir: Path, log: Log) -> dict[str, Any]:
-    """Run the whole check; writes the fitted profile (JSON + PNG) into ``out_dir`` and
+    """Run the whole check; writes the fitted profile (JSON + PNG) into ``out_dir``, and
+    ``result.json`` there after each scheduler's run (``complete`` false until the last);
     returns the summary printed as the last line."""
     start = time.perf_counter()
     engine = NativeEngine.load(config.engine, rng=np.random.default_rng(config.seed))
@@ -159,9 +172,10 @@ def gpu_check(config: GpuCheckConfig, out_dir: Path, log: Log) -> dict[str, Any]
     roofline_ms = loaded.weight_bytes / bandwidth / 1e6
     single = NativeProbe(engine).decode(replace(config.sweep, steps_per_point=16), 1, 128)
     log(f"batch-1 step {single.step_ms:.2f} ms, roofline {roofline_ms:.2f} ms")
-    workload, runs = run_schedulers(backend, profile, config, log)
-    return {
+    workload = main_workload(profile, config)
+    summary: dict[str, Any] = {
         "check": "gpu_check",
+        "complete": False,
         "device": str(loaded.device),
         "device_name": _device_name(loaded.device.type),
         "model": config.engine.model,
@@ -187,9 +201,21 @@ def gpu_check(config: GpuCheckConfig, out_dir: Path, log: Log) -> dict[str, Any]
             "n_requests": config.max_requests,
             "seed": config.seed,
         },
-        "schedulers": {name: _brief(run) for name, run in runs.items()},
-        "wall_s": round(time.perf_counter() - start, 1),
+        "schedulers": {},
     }
+    partial = out_dir / "result.json"
+
+    def record(name: str, run: dict[str, Any]) -> None:
+        # Written after each run, so a check stopped by its time limit keeps what it has.
+        summary["schedulers"][name] = _brief(run)
+        summary["wall_s"] = round(time.perf_counter() - start, 1)
+        partial.write_text(json.dumps(summary, indent=2) + "\n")
+
+    run_schedulers(backend, profile, config, log, record)
+    summary["complete"] = True
+    summary["decode_graphs"] = engine.decode_graphs
+    summary["wall_s"] = round(time.perf_counter() - start, 1)
+    return summary
 
 
 def _device_name(kind: str) -> str:
