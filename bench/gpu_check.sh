@@ -5,10 +5,11 @@
 # scale. Prints one JSON object on its last line; the profile and result land in
 # build/gpu_check (or $GPU_CHECK_OUT).
 #
-#   bench/gpu_check.sh            # CUDA, about 5 minutes, stops after 10
+#   bench/gpu_check.sh            # CUDA; stops after 10 minutes, result.json kept per scheduler run
 #   bench/gpu_check.sh --dry-run  # the same path on the CPU with a tiny model, seconds
 #   GPU_CHECK_DRY_RUN=1 bench/gpu_check.sh
 #   bench/gpu_check.sh --decode-graphs=off   # the engine without CUDA graphs (auto, on, eager, off)
+#   bench/gpu_check.sh --cudnn-attention     # let SDPA use cuDNN (a plan per new shape)
 #
 # PYTHON picks the interpreter (default: python3 on PATH) and must have tokenpace[native].
 set -euo pipefail
@@ -21,7 +22,8 @@ for arg in "$@"; do
   case "$arg" in
     --dry-run) args+=(--dry-run) ;;
     --decode-graphs=*) args+=(--decode-graphs "${arg#--decode-graphs=}") ;;
-    *) echo "gpu_check.sh: unknown argument '$arg' (--dry-run, --decode-graphs=MODE)" >&2; exit 2 ;;
+    --cudnn-attention) args+=(--cudnn-attention) ;;
+    *) echo "gpu_check.sh: unknown argument '$arg' (--dry-run, --decode-graphs=MODE, --cudnn-attention)" >&2; exit 2 ;;
   esac
 done
 

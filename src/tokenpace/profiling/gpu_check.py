@@ -182,6 +182,7 @@ def gpu_check(config: GpuCheckConfig, out_dir: Path, log: Log) -> dict[str, Any]
         "dtype": config.engine.dtype,
         "forward_path": engine.forward_path,
         "decode_graphs": engine.decode_graphs,
+        "sdpa_backends": engine.sdpa_backends,
         "upcast_min_rows": engine.upcast_min_rows,
         "linear_kernel": engine.linear_kernel,
         "weight_bytes": loaded.weight_bytes,
@@ -235,6 +236,7 @@ class GpuCheckSettings:
         "The native engine's decode_graphs (auto: CUDA graphs on CUDA).",
         choices=DECODE_GRAPHS,
     )
+    cudnn_attention: bool = option(False, "Let SDPA use cuDNN's attention (the engine's option).")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -249,7 +251,10 @@ def run(args: GpuCheckSettings) -> None:
     """Profile, time and compare; write result.json into ``args.out`` and print it."""
     out = args.out if args.out is not None else default_cache_dir() / "gpu_check"
     config = dry_run_config() if args.dry_run else GpuCheckConfig()
-    config = replace(config, engine=replace(config.engine, decode_graphs=args.decode_graphs))
+    engine = replace(
+        config.engine, decode_graphs=args.decode_graphs, cudnn_attention=args.cudnn_attention
+    )
+    config = replace(config, engine=engine)
     if not args.dry_run:
         import torch
 

@@ -229,3 +229,15 @@ def test_a_batched_call_gives_each_chunk_what_its_own_call_gives() -> None:
             is_causal=True, scale=dim**-0.5, enable_gqa=True,
         )[0].transpose(0, 1)  # fmt: skip
         assert torch.equal(out[part], own)
+
+
+def test_cuda_attention_leaves_cudnn_out_unless_allowed() -> None:
+    from torch.nn.attention import SDPBackend
+
+    from tokenpace.engine.native.attention import attention_backends
+
+    assert attention_backends("cpu", cudnn=False) is None
+    assert attention_backends("cuda", cudnn=True) is None
+    backends = attention_backends("cuda", cudnn=False)
+    assert backends is not None and SDPBackend.CUDNN_ATTENTION not in backends
+    assert SDPBackend.MATH in backends  # always some kernel that takes the call

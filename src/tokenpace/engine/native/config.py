@@ -99,6 +99,12 @@ class NativeEngineConfig:
         "buffers and pieces uncaptured, on any device), off.",
         choices=DECODE_GRAPHS,
     )
+    cudnn_attention: bool = option(
+        False,
+        "On CUDA, let torch's SDPA use cuDNN's attention. Off by default: cuDNN builds an "
+        "execution plan for every new shape, and decode attention's keys grow every step "
+        "(flash, memory-efficient and math attention remain).",
+    )
     small_ops_max_elements: int = option(
         -1,
         "On CPU, elementwise work of a step (conversions, norms, activations) whose largest "

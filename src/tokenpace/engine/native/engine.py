@@ -23,6 +23,8 @@ from tokenpace.engine.native.attention import (
     PEEL_CALL_TOKENS,
     PrefillSpan,
     StepLayout,
+    attention_backends,
+    attention_context,
     measure_one_thread_decode_max_keys,
     measure_products_max_len,
     score_bias,
@@ -108,6 +110,7 @@ class NativeEngine(BlockAccountedEngine):
         self.decode_products_max_len = self._choose_decode_attention()
         self.decode_one_thread_max_keys = self._choose_decode_one_thread()
         self._decode_graphs = self._choose_decode_graphs()
+        self._attention_backends = attention_backends(loaded.device.type, config.cudnn_attention)
         self._blocks = BlockAccountant(config.num_blocks, config.block_size)
         self.step_logprobs: dict[int, TokenLogprob] = {}
         self.step_prompt_logprobs: dict[int, tuple[int, list[TokenLogprob]]] = {}
@@ -330,6 +333,12 @@ class NativeEngine(BlockAccountedEngine):
         if graphs.disabled is not None:
             return f"off ({graphs.disabled})"
         return "captured" if graphs.capture else "eager"
+
+    @property
+    def sdpa_backends(self) -> str:
+        """The SDPA backends attention may use: ``default`` (torch's order) or their names."""
+        backends = self._attention_backends
+        return "default" if backends is None else ",".join(b.name.lower() for b in backends)
 
     @property
     def decode_graph_sizes(self) -> tuple[int, ...]:
@@ -560,7 +569,7 @@ class NativeEngine(BlockAccountedEngine):
         (the decode graphs may take the step)."""
         device = self.loaded.device
         if self._fused is not None:
-            with torch.inference_mode():
+            with torch.inference_mode(), attention_context(self._attention_backends):
                 ids = torch.tensor(token_ids, dtype=torch.long, device=device)
                 at = torch.tensor(positions, dtype=torch.long, device=device)
                 graphs = self._decode_graphs
@@ -573,7 +582,7 @@ class NativeEngine(BlockAccountedEngine):
                     return fused
                 with self.small_ops.one_thread(fused.numel()):
                     return fused.float().cpu()
-        with torch.inference_mode():
+        with torch.inference_mode(), attention_context(self._attention_backends):
             out = self._model(
                 input_ids=torch.tensor([token_ids], dtype=torch.long, device=device),
                 position_ids=torch.tensor([positions], dtype=torch.long, device=device),
