@@ -35,6 +35,12 @@ def test_dry_run_profiles_times_and_compares_every_scheduler(tmp_path: Path) -> 
     assert result["model"] == "random:tiny-llama"
     assert result["forward_path"] == "fused"
     assert result["decode_graphs"] == "eager"
+    graphs = result["decode_graphs_check"]
+    assert graphs["greedy_equal_requests"] == graphs["greedy_requests"] == 12
+    assert set(graphs["steps"]) == {"1", "8"}
+    assert all(
+        step["graphs_ms"] > 0 and step["without_ms"] > 0 for step in graphs["steps"].values()
+    )
     assert result["roofline_ms"] > 0
     assert result["b1_step_ms"] > result["roofline_ms"] * 0.5
     assert result["profile"]["l_min_ms"] > 0

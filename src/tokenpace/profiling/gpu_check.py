@@ -29,7 +29,9 @@ from tokenpace.cli.command import run_command
 from tokenpace.cli.spec import UsageError
 from tokenpace.core.cache import default_cache_dir
 from tokenpace.core.config import option
+from tokenpace.core.request import Request
 from tokenpace.core.sampling import SamplingParams
+from tokenpace.core.step import ScheduledChunk
 from tokenpace.engine.native import NativeEngine, NativeEngineConfig
 from tokenpace.engine.native.config import DECODE_GRAPHS
 from tokenpace.engine.native.probe import NativeProbe
@@ -50,6 +52,7 @@ from tokenpace.workload.spec import with_known_lengths
 
 REFERENCE_PROFILE = "v100-llama-3.2-3b"
 SCHEDULERS = ("twp", "fcfs", "priority", "dynamic_batch", "vllm_default")
+GRAPH_BATCHES = (1, 8, 64)
 Log = Callable[[str], None]
 
 
@@ -69,6 +72,9 @@ class GpuCheckConfig:
     )
     max_requests: int = option(250, "Requests per scheduler run (the paper's 250).")
     schedulers: tuple[str, ...] = option(SCHEDULERS, "Policies compared, TWP first.")
+    graph_batches: tuple[int, ...] = option(
+        GRAPH_BATCHES, "Batches at which decode steps are timed with and without decode graphs."
+    )
     seed: int = option(0, "Workload seed (the same requests for every scheduler).")
     slo: Slo = option(Slo(), "SLO that defines goodput.")
 
@@ -94,6 +100,7 @@ def dry_run_config() -> GpuCheckConfig:
             repeats=1,
         ),
         max_requests=6,
+        graph_batches=(1, 8),
     )
 
 
@@ -138,6 +145,69 @@ def main_workload(profile: EngineProfile, config: GpuCheckConfig) -> PoissonWork
     )
 
 
+def compare_decode_graphs(
+    engine: NativeEngine, sweep: SweepConfig, batches: Sequence[int], log: Log
+) -> dict[str, Any] | None:
+    """Decode steps with the engine's decode graphs against the same engine without them
+    (``decode_graphs_paused``): per batch (context 128) both step times, and whether
+    greedy decoding gives the same tokens both ways (12 requests, 16 tokens each, a step
+    of 7 among them); None when the engine runs no decode graphs."""
+    if engine.decode_graphs == "off":
+        return None
+    probe = NativeProbe(engine)
+    steps: dict[str, dict[str, float]] = {}
+    for batch in batches:
+        graphs = probe.decode(sweep, batch, 128).step_ms
+        with engine.decode_graphs_paused():
+            without = probe.decode(sweep, batch, 128).step_ms
+        steps[str(batch)] = {
+            "graphs_ms": round(graphs, 3),
+            "without_ms": round(without, 3),
+            "without_over_graphs": round(without / graphs, 2),
+        }
+        log(f"decode B={batch}: {graphs:.2f} ms with decode graphs, {without:.2f} ms without")
+    with_graphs = _greedy_tokens(engine)
+    with engine.decode_graphs_paused():
+        without_graphs = _greedy_tokens(engine)
+    same = sum(a == b for a, b in zip(with_graphs, without_graphs, strict=True))
+    log(f"greedy tokens equal with and without decode graphs: {same} of {len(with_graphs)}")
+    return {
+        "steps": steps,
+        "greedy_equal_requests": same,
+        "greedy_requests": len(with_graphs),
+        "mode_after": engine.decode_graphs,
+    }
+
+
+def _greedy_tokens(engine: NativeEngine) -> list[list[int]]:
+    """Twelve requests with fixed prompts decoded greedily to 16 tokens each (a step of
+    seven among them, so two step sizes run); their tokens."""
+    vocab = int(engine.loaded.model.config.vocab_size)
+    prompts = np.random.default_rng(1).integers(0, vocab, size=(12, 24))
+    params = SamplingParams(ignore_eos=True)
+    requests = [
+        Request(
+            -1 - i, 8 + i, 16, 0.0, prompt_token_ids=prompts[i, : 8 + i].tolist(), sampling=params
+        )
+        for i in range(12)
+    ]
+    for step in range(17):
+        live = [r for r in requests if r.num_output_tokens < r.max_tokens]
+        live = live[:7] if step == 2 else live
+        if not live:
+            break
+        chunks = [
+            ScheduledChunk(r, r.num_uncomputed_tokens if r.is_prefilling else 1) for r in live
+        ]
+        result = engine.execute(chunks)
+        for request in live:
+            request.output_token_ids.append(result.sampled_token_ids[request.request_id])
+            request.token_times_s.append(0.0)
+    for request in requests:
+        engine.free(request.request_id)
+    return [r.output_token_ids for r in requests]
+
+
 def _brief(run: dict[str, Any]) -> dict[str, float]:
     return {
         "n_completed": run["n_completed"],
@@ -172,6 +242,8 @@ def gpu_check(config: GpuCheckConfig, out_dir: Path, log: Log) -> dict[str, Any]
     roofline_ms = loaded.weight_bytes / bandwidth / 1e6
     single = NativeProbe(engine).decode(replace(config.sweep, steps_per_point=16), 1, 128)
     log(f"batch-1 step {single.step_ms:.2f} ms, roofline {roofline_ms:.2f} ms")
+    graph_sweep = replace(config.sweep, steps_per_point=8)
+    graphs = compare_decode_graphs(engine, graph_sweep, config.graph_batches, log)
     workload = main_workload(profile, config)
     summary: dict[str, Any] = {
         "check": "gpu_check",
@@ -202,6 +274,7 @@ def gpu_check(config: GpuCheckConfig, out_dir: Path, log: Log) -> dict[str, Any]
             "n_requests": config.max_requests,
             "seed": config.seed,
         },
+        "decode_graphs_check": graphs,
         "schedulers": {},
     }
     partial = out_dir / "result.json"

@@ -79,6 +79,10 @@ def test_uncaptured_pieces_give_the_fused_forwards_outputs(reference: NativeEngi
     assert reference.decode_graph_sizes == ()
     assert tokens == expected_tokens
     np.testing.assert_allclose(_flat(logprobs), _flat(expected_logprobs), rtol=0, atol=1e-5)
+    with pieces.decode_graphs_paused():
+        assert pieces.decode_graphs == "off"
+        assert _decode(pieces)[0] == expected_tokens
+    assert (pieces.decode_graphs, pieces.decode_graph_sizes) == ("eager", (4, 8))
 
 
 def _graphs_on(engine: NativeEngine, capturer: object) -> DecodeGraphs:

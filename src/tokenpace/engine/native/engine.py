@@ -4,7 +4,8 @@ forward where it applies, else the transformers model code)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -339,6 +340,17 @@ class NativeEngine(BlockAccountedEngine):
         """The SDPA backends attention may use: ``default`` (torch's order) or their names."""
         backends = self._attention_backends
         return "default" if backends is None else ",".join(b.name.lower() for b in backends)
+
+    @contextmanager
+    def decode_graphs_paused(self) -> Iterator[None]:
+        """Within this context decode-only steps run the fused forward's own call, as with
+        ``decode_graphs='off'`` (for comparisons on one loaded model); the graphs built
+        so far are kept for after it."""
+        saved, self._decode_graphs = self._decode_graphs, None
+        try:
+            yield
+        finally:
+            self._decode_graphs = saved
 
     @property
     def decode_graph_sizes(self) -> tuple[int, ...]:
