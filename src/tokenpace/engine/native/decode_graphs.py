@@ -219,7 +219,8 @@ def capture_cuda_graphs(pieces: tuple[Piece, ...], device: torch.device) -> tupl
     replays = []
     for piece in pieces:
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
+        # thread_local: another thread's CUDA calls (a metrics scrape, say) do not break it.
+        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
             piece()
         replays.append(graph.replay)
     return tuple(replays)
