@@ -222,7 +222,8 @@ def _brief(run: dict[str, Any]) -> dict[str, float]:
 
 def gpu_check(config: GpuCheckConfig, out_dir: Path, log: Log) -> dict[str, Any]:
     """Run the whole check; writes the fitted profile (JSON + PNG) into ``out_dir``, and
-    ``result.json`` there after each scheduler's run (``complete`` false until the last);
+    ``result.json`` there before the scheduler runs and after each (``complete`` false
+    until the last);
     returns the summary printed as the last line."""
     start = time.perf_counter()
     engine = NativeEngine.load(config.engine, rng=np.random.default_rng(config.seed))
@@ -285,6 +286,8 @@ def gpu_check(config: GpuCheckConfig, out_dir: Path, log: Log) -> dict[str, Any]
         summary["wall_s"] = round(time.perf_counter() - start, 1)
         partial.write_text(json.dumps(summary, indent=2) + "\n")
 
+    summary["wall_s"] = round(time.perf_counter() - start, 1)
+    partial.write_text(json.dumps(summary, indent=2) + "\n")
     run_schedulers(backend, profile, config, log, record)
     summary["complete"] = True
     summary["decode_graphs"] = engine.decode_graphs
