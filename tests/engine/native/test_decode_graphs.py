@@ -138,6 +138,19 @@ def test_a_capture_that_differs_is_switched_off_keeping_the_outputs(
     np.testing.assert_allclose(_flat(logprobs), _flat(expected_logprobs), rtol=0, atol=1e-5)
 
 
+def test_a_refused_capture_is_switched_off_keeping_the_outputs(reference: NativeEngine) -> None:
+    engine = _twin(reference, decode_graphs="off")
+
+    def refused(pieces: tuple[Piece, ...], device: torch.device) -> tuple[Piece, ...]:
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    graphs = _graphs_on(engine, refused)
+    tokens, _ = _decode(engine)
+    assert graphs.disabled is not None and "not permitted" in graphs.disabled
+    assert engine.decode_graphs.startswith("off (capturing a 8-token step failed")
+    assert tokens == _decode(reference)[0]
+
+
 def test_decode_graphs_setting_is_checked(reference: NativeEngine) -> None:
     with pytest.raises(ValueError, match="decode_graphs='on' needs the fused forward on a CUDA"):
         _twin(reference, decode_graphs="on")

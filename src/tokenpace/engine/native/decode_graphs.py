@@ -75,10 +75,10 @@ class DecodeGraphs:
     ``capture`` replays each piece as captured by ``capturer`` (default
     ``capture_cuda_graphs``, which needs a CUDA device); without it the pieces run eagerly
     on the same buffers. A size's first captured step also runs
-    uncaptured and compares: logits that differ switch the graphs off for good
-    (``disabled``, the reason; ``covers`` is then False and the engine runs its fused
-    forward). ``__call__`` returns a view of a buffer that the next step of the same size
-    overwrites: consume it first.
+    uncaptured and compares: logits that differ, or a capture the device refuses, switch
+    the graphs off for good (``disabled``, the reason; ``covers`` is then False and the
+    engine runs its fused forward). ``__call__`` returns a view of a buffer that the next
+    step of the same size overwrites: consume it first.
     """
 
     def __init__(
@@ -156,7 +156,13 @@ class DecodeGraphs:
     def _size(self, rows: int) -> _Size:
         built = self._built.get(rows)
         if built is None:
-            built = self._build(rows, self.capture)
+            try:
+                built = self._build(rows, self.capture)
+            except RuntimeError as error:
+                # A capture the device refused: this step runs the pieces uncaptured, and
+                # no later step comes here (``covers`` is False once disabled).
+                self.disabled = f"capturing a {rows}-token step failed: {error}"
+                return self._build(rows, capture=False)
             if self.capture:
                 built.check = self._build(rows, capture=False)
             self._built[rows] = built
