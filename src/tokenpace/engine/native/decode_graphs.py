@@ -56,7 +56,7 @@ class _Buffers:
     token_ids: torch.Tensor
     positions: torch.Tensor
     attended: torch.Tensor
-    qkv: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    qkv: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     produced: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
@@ -175,7 +175,7 @@ class DecodeGraphs:
             token_ids=torch.zeros(rows, dtype=torch.long, device=device),
             positions=torch.zeros(rows, dtype=torch.long, device=device),
             attended=torch.zeros(rows, forward.attention_width, dtype=forward.dtype, device=device),
-            qkv=[],
+            qkv={},
         )
         pieces = tuple(self._piece(buffers, index) for index in range(forward.num_layers + 1))
         if capture:
@@ -201,11 +201,9 @@ class DecodeGraphs:
             if index == last:
                 produced["logits"] = forward.head(x, small)
                 return
-            qkv = forward.before_attention(index, x, produced["cos"], produced["sin"], small)
-            if index < len(buffers.qkv):
-                buffers.qkv[index] = qkv
-            else:
-                buffers.qkv.append(qkv)
+            buffers.qkv[index] = forward.before_attention(
+                index, x, produced["cos"], produced["sin"], small
+            )
 
         return run
 

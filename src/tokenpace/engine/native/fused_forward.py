@@ -54,7 +54,6 @@ def _fuse(*linears: Any) -> torch.Tensor:
 
 @dataclass(frozen=True, slots=True)
 class _Layer:
-    index: int
     input_norm: torch.Tensor
     post_norm: torch.Tensor
     qkv: PreparedWeight
@@ -103,7 +102,6 @@ class FusedForward:
         )
         self._layers = [
             _Layer(
-                index=i,
                 input_norm=layer.input_layernorm.weight,
                 post_norm=layer.post_attention_layernorm.weight,
                 qkv=prepare(
@@ -115,7 +113,7 @@ class FusedForward:
                 act=layer.mlp.act_fn,
                 scale=float(layer.self_attn.scaling),
             )
-            for i, layer in enumerate(self._inner.layers)
+            for layer in self._inner.layers
         ]
         # Per token, the most elements any elementwise operation of a layer touches.
         self._widest = max(
@@ -148,7 +146,7 @@ class FusedForward:
     ) -> torch.Tensor:
         """``token_ids`` and ``positions`` are ``[tokens]`` in the layout's row order;
         returns the logits ``[len(sample_rows), vocab]`` in the model's dtype."""
-        small = self._small_ops.one_thread(token_ids.shape[0] * self._widest)
+        small = self.one_thread(token_ids.shape[0])
         x, cos, sin = self.embed(token_ids, positions, small)
         for layer in range(self.num_layers):
             q, k, v = self.before_attention(layer, x, cos, sin, small)
@@ -213,7 +211,7 @@ class FusedForward:
         MLP and residual; ``attended`` is ``[tokens, q_heads, dim]`` (or flattened heads)."""
         spec = self._layers[layer]
         linear = self._linear
-        flat = attended.reshape(x.shape[0], self._num_heads * self._head_dim)
+        flat = attended.reshape(x.shape[0], self.attention_width)
         projected = linear(flat, spec.o)
         with small:
             x = x + projected
