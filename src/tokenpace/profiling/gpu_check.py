@@ -107,14 +107,14 @@ def dry_run_config() -> GpuCheckConfig:
 def run_schedulers(
     backend: StepLoopBackend,
     profile: EngineProfile,
+    workload: PoissonWorkload,
     config: GpuCheckConfig,
     log: Log,
     on_run: Callable[[str, dict[str, Any]], None] = lambda name, run: None,
-) -> tuple[PoissonWorkload, dict[str, dict[str, Any]]]:
-    """Every scheduler on the same requests (EOS ignored, as in the simulator); returns the
-    workload and per scheduler the results.json ``runs`` entry, each also passed to
+) -> dict[str, dict[str, Any]]:
+    """Every scheduler on the same requests of ``workload`` (EOS ignored, as in the
+    simulator); returns per scheduler the results.json ``runs`` entry, each also passed to
     ``on_run`` as it finishes."""
-    workload = main_workload(profile, config)
     # Real engines stop requests through max_tokens (ignore_eos), so it carries the true length.
     specs = with_known_lengths(workload.generate(np.random.default_rng(config.seed)))
     runs: dict[str, dict[str, Any]] = {}
@@ -128,7 +128,7 @@ def run_schedulers(
             f"{runs[name]['duration_s']:.1f} s, TTFT p50 {runs[name]['ttft_ms']['p50']:.0f} ms"
         )
         on_run(name, runs[name])
-    return workload, runs
+    return runs
 
 
 def main_workload(profile: EngineProfile, config: GpuCheckConfig) -> PoissonWorkload:
@@ -278,17 +278,19 @@ def gpu_check(config: GpuCheckConfig, out_dir: Path, log: Log) -> dict[str, Any]
         "decode_graphs_check": graphs,
         "schedulers": {},
     }
-    partial = out_dir / "result.json"
+
+    def save() -> None:
+        # Before the runs and after each, so a check stopped by its time limit keeps what
+        # it has.
+        summary["wall_s"] = round(time.perf_counter() - start, 1)
+        (out_dir / "result.json").write_text(json.dumps(summary, indent=2) + "\n")
 
     def record(name: str, run: dict[str, Any]) -> None:
-        # Written after each run, so a check stopped by its time limit keeps what it has.
         summary["schedulers"][name] = _brief(run)
-        summary["wall_s"] = round(time.perf_counter() - start, 1)
-        partial.write_text(json.dumps(summary, indent=2) + "\n")
+        save()
 
-    summary["wall_s"] = round(time.perf_counter() - start, 1)
-    partial.write_text(json.dumps(summary, indent=2) + "\n")
-    run_schedulers(backend, profile, config, log, record)
+    save()
+    run_schedulers(backend, profile, workload, config, log, record)
     summary["complete"] = True
     summary["decode_graphs"] = engine.decode_graphs
     summary["wall_s"] = round(time.perf_counter() - start, 1)
