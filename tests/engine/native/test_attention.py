@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch", reason="the native engine needs torch (nati
 from tokenpace.engine.native.attention import (  # noqa: E402
     INDEXED_WRITE_MAX_TOKENS,
     PRODUCTS_PROBE_MIN_LEN,
+    DecodeShape,
     FreshRun,
     PrefillSpan,
     StepLayout,
@@ -29,6 +30,8 @@ from .conftest import scripted_clock  # noqa: E402
 pytestmark = pytest.mark.native
 
 Q_HEADS, KV_HEADS, DIM = 4, 2, 8
+# What the decode-attention probes time: 2 KV heads of 2 query heads each, head size 8.
+SHAPE = DecodeShape(2, 2, 8)
 
 
 def reference(q: Any, keys: Any, values: Any, slot: int, pos: int) -> Any:
@@ -149,14 +152,14 @@ def test_products_reach_the_longest_context_before_their_first_loss() -> None:
     # Probed contexts: shortest, 2x, 4x, 8x (the engine's longest).
     longest = 8 * shortest
     faster_then_slower = scripted_clock([0.5, 0.5, 2.0, 0.5])
-    assert measure_products_max_len(2, 2, 8, torch.float32, longest, faster_then_slower) == (
+    assert measure_products_max_len(SHAPE, torch.float32, longest, faster_then_slower) == (
         2 * shortest
     )
-    assert measure_products_max_len(2, 2, 8, torch.float32, longest, scripted_clock([2.0])) is None
+    assert measure_products_max_len(SHAPE, torch.float32, longest, scripted_clock([2.0])) is None
     everywhere = scripted_clock([0.5] * 4)
-    assert measure_products_max_len(2, 2, 8, torch.float32, longest, everywhere) == longest
+    assert measure_products_max_len(SHAPE, torch.float32, longest, everywhere) == longest
     # An engine whose longest context is below the shortest probe probes that context alone.
-    assert measure_products_max_len(2, 2, 8, torch.float32, 40, scripted_clock([0.5])) == 40
+    assert measure_products_max_len(SHAPE, torch.float32, 40, scripted_clock([0.5])) == 40
 
 
 def test_one_thread_decode_takes_keys_up_to_its_first_loss() -> None:
@@ -164,7 +167,7 @@ def test_one_thread_decode_takes_keys_up_to_its_first_loss() -> None:
     def most_keys(candidate_s: list[float], threads: int = 2) -> int:
         clock = scripted_clock(candidate_s, repeats=5)
         return measure_one_thread_decode_max_keys(
-            2, 2, 8, torch.float32, 512, clock, num_threads=threads
+            SHAPE, torch.float32, 512, clock, num_threads=threads
         )
 
     assert most_keys([0.5, 0.5, 2.0, 0.5]) == 128

@@ -335,10 +335,18 @@ def products_attention(
     return weighted.view(n, kv_heads, group, dim)
 
 
+@dataclass(frozen=True, slots=True)
+class DecodeShape:
+    """What the decode-attention probes need of a model: KV heads, query heads per KV
+    head, head size."""
+
+    num_kv_heads: int
+    group: int
+    head_dim: int
+
+
 def measure_products_max_len(
-    num_kv_heads: int,
-    group: int,
-    head_dim: int,
+    shape: DecodeShape,
     dtype: torch.dtype,
     max_len: int,
     clock: Callable[[], float] = time.perf_counter,
@@ -351,6 +359,7 @@ def measure_products_max_len(
     all of it, on CPU tensors of ``dtype``, timed by ``interleaved.beats`` (best of
     ``repeats``, SDPA first). The probing stops at the first loss."""
     batch = PRODUCTS_PROBE_BATCH
+    num_kv_heads, group, head_dim = shape.num_kv_heads, shape.group, shape.head_dim
     generator = torch.Generator().manual_seed(0)
     q = torch.rand(batch, num_kv_heads, group, head_dim, generator=generator).to(dtype)
     scale = head_dim**-0.5
@@ -386,9 +395,7 @@ def _longest_winning(shortest: int, longest: int, wins: Callable[[int], bool]) -
 
 
 def measure_one_thread_decode_max_keys(
-    num_kv_heads: int,
-    group: int,
-    head_dim: int,
+    shape: DecodeShape,
     dtype: torch.dtype,
     max_len: int,
     clock: Callable[[], float] = time.perf_counter,
@@ -405,6 +412,7 @@ def measure_one_thread_decode_max_keys(
     unless given."""
     if (num_threads if num_threads is not None else torch.get_num_threads()) <= 1:
         return 0
+    num_kv_heads, group, head_dim = shape.num_kv_heads, shape.group, shape.head_dim
     generator = torch.Generator().manual_seed(0)
     q = torch.rand(1, num_kv_heads, group, head_dim, generator=generator).to(dtype)
     scale = head_dim**-0.5

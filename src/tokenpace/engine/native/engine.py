@@ -22,6 +22,7 @@ from tokenpace.engine.native.attention import (
     LAYOUT_KWARG,
     MAX_PEELED,
     PEEL_CALL_TOKENS,
+    DecodeShape,
     PrefillSpan,
     StepLayout,
     attention_backends,
@@ -283,12 +284,9 @@ class NativeEngine(BlockAccountedEngine):
             return self.config.max_model_len if setting == "products" else None
         if self.loaded.device.type != "cpu" or self.loaded.dtype != torch.float32:
             return None
-        shape = self._cache.shape
-        group = self._model.config.num_attention_heads // shape.num_kv_heads
         return measure_products_max_len(
-            shape.num_kv_heads, group, shape.head_dim, torch.float32,
-            self.config.max_model_len, self._clock,
-        )  # fmt: skip
+            self._decode_shape(), torch.float32, self.config.max_model_len, self._clock
+        )
 
     def _choose_decode_one_thread(self) -> int:
         """Up to how many keys in all a step's padded decode attention runs on the calling
@@ -299,12 +297,14 @@ class NativeEngine(BlockAccountedEngine):
             return setting
         if self.loaded.device.type != "cpu":
             return 0
+        return measure_one_thread_decode_max_keys(
+            self._decode_shape(), self.loaded.dtype, self.config.max_model_len, self._clock
+        )
+
+    def _decode_shape(self) -> DecodeShape:
         shape = self._cache.shape
         group = self._model.config.num_attention_heads // shape.num_kv_heads
-        return measure_one_thread_decode_max_keys(
-            shape.num_kv_heads, group, shape.head_dim, self.loaded.dtype,
-            self.config.max_model_len, self._clock,
-        )  # fmt: skip
+        return DecodeShape(shape.num_kv_heads, group, shape.head_dim)
 
     def _choose_decode_graphs(self) -> DecodeGraphs | None:
         """Decode-only steps through per-size buffers (``decode_graphs``): captured as CUDA
