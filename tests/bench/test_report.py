@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from tokenpace.bench.report import (
+    MISS_COLUMNS,
     TABLE_COLUMNS,
     is_baseline,
+    miss_table,
     twp_versus_baselines,
     variants_versus_policy,
 )
@@ -88,3 +90,17 @@ def test_variants_are_compared_with_their_own_policy() -> None:
         if line.startswith("| twp_slo-no_deadline")
     )
     assert row.count("n/a") == 1 and "nan" not in row
+
+
+def test_the_miss_table_shows_each_schedulers_shares_when_every_run_has_them() -> None:
+    summary = [_entry("twp_slo", 0.9), _entry("fcfs", 0.7)]
+    for entry, share in zip(summary, (0.05, 0.25), strict=True):
+        for _, path, _ in MISS_COLUMNS[1:]:
+            entry[path[0]] = {"mean": share, "ci95": 0.01}
+    lines = miss_table(summary, "high").splitlines()
+    assert lines[0].startswith("| Scheduler | SLO attainment | TTFT missed |")
+    assert lines[2] == "| twp_slo | 0.9000 ± 0.0000 | " + " | ".join(["0.0500 ± 0.0100"] * 4) + " |"
+    assert lines[3].startswith("| fcfs | 0.7000 ± 0.0000 | 0.2500 ± 0.0100")
+    # Results written before the shares were reported: no table.
+    del summary[1]["tpot_miss_share"]
+    assert miss_table(summary, "high") == ""

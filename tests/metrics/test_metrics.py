@@ -71,3 +71,35 @@ def test_metric_rows_read_means_and_intervals_by_path() -> None:
     assert rows == {"goodput": {"mean": 2.0, "ci95": 0.5}, "itl_p99": {"mean": 90.0, "ci95": 3.0}}
     missing = metric_rows(entry, (("cold", ("num_cold_starts",)),))["cold"]
     assert math.isnan(missing["mean"]) and math.isnan(missing["ci95"])
+
+
+def test_slo_misses_say_which_objective_each_request_missed() -> None:
+    on_time = finished(0, 0.0, [0.1, 0.2, 0.3])
+    late = finished(1, 0.0, [0.9, 1.0])  # TTFT 900 ms
+    cold = finished(2, 0.0, [0.8, 0.9])  # TTFT 800 ms, after a cold start
+    cold.cold_start_s = 0.5
+    slow = finished(3, 0.0, [0.1, 0.5])  # TPOT 400 ms
+    both = finished(4, 0.0, [0.7, 1.5])  # TTFT 700 ms and TPOT 800 ms
+    pending = Request(5, 10, 4, 0.0)
+    pending.token_times_s = [0.2]
+    requests = [on_time, late, cold, slow, both, pending]
+    run = summarize_run(RunKey("x", "w", "sim", 0), requests, 0.0, Slo(500, 200))
+    assert run["ttft_miss_share"] == pytest.approx(3 / 6)
+    assert run["cold_start_ttft_miss_share"] == pytest.approx(1 / 6)
+    assert run["tpot_miss_share"] == pytest.approx(2 / 6)
+    assert run["unserved_share"] == pytest.approx(1 / 6)
+    assert run["slo_attainment"] == pytest.approx(1 / 6)
+    # Without objectives nothing is missed; the unfinished request is still unserved.
+    free = summarize_run(RunKey("x", "w", "sim", 0), requests, 0.0, Slo(None, None))
+    assert free["ttft_miss_share"] == free["tpot_miss_share"] == 0.0
+    assert free["unserved_share"] == pytest.approx(1 / 6)
+
+
+def test_slo_miss_shares_are_averaged_over_seeds() -> None:
+    runs = [
+        summarize_run(RunKey("a", "w", "sim", seed), [finished(0, 0.0, [t, t + 0.1])], 0.0,
+                      Slo(500, 200))
+        for seed, t in enumerate((0.1, 0.9))
+    ]  # fmt: skip
+    (entry,) = summarize(runs)
+    assert entry["ttft_miss_share"]["mean"] == pytest.approx(0.5)

@@ -50,6 +50,20 @@ COUNTER_COLUMNS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
     ("Migrations", ("num_migrations",), False),
 )
 
+# Why requests missed the SLO (shares of all requests), shown when the runs report them.
+MISS_COLUMNS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
+    ("SLO attainment", ("slo_attainment",), True),
+    ("TTFT missed", ("ttft_miss_share",), False),
+    ("of which after a cold start", ("cold_start_ttft_miss_share",), False),
+    ("TPOT missed", ("tpot_miss_share",), False),
+    ("Not served", ("unserved_share",), False),
+)
+MISS_METHOD = (
+    "Shares of all requests: those whose TTFT was over its objective (and among them those "
+    "whose TTFT includes a cold start), those whose TPOT was (a request may miss both), and "
+    "those never finished (rejected, or unserved when the run ended)."
+)
+
 # The paper's main-experiment figures (Figs. 5, 6, 8), for reference only.
 PAPER_MAIN = {
     "fcfs": {"ttft_p99": 64, "throughput_rps": 0.124, "itl_cv": 0.0171},
@@ -94,14 +108,29 @@ def reported(
 
 def comparison_table(summary: Sequence[Mapping[str, Any]], workload: str) -> str:
     rows = [e for e in summary if e["workload"] == workload]
-    columns = TABLE_COLUMNS + reported(COUNTER_COLUMNS, rows)
+    return _scheduler_table(rows, TABLE_COLUMNS + reported(COUNTER_COLUMNS, rows))
+
+
+def _scheduler_table(
+    rows: Sequence[Mapping[str, Any]], columns: Sequence[tuple[str, tuple[str, ...], bool]]
+) -> str:
+    """A markdown table: a line per summary row, its scheduler then each column's cell."""
     header = "| Scheduler | " + " | ".join(label for label, _, _ in columns) + " |"
-    rule = "|---" * (len(columns) + 1) + "|"
-    lines = [header, rule]
+    lines = [header, "|---" * (len(columns) + 1) + "|"]
     for entry in rows:
         cells = [_cell(metric(entry, path)) for _, path, _ in columns]
         lines.append(f"| {entry['scheduler']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def miss_table(summary: Sequence[Mapping[str, Any]], workload: str) -> str:
+    """Why each scheduler's requests on ``workload`` missed the SLO (``MISS_COLUMNS``);
+    empty when a run lacks the shares (results written before they were reported)."""
+    rows = [e for e in summary if e["workload"] == workload]
+    columns = reported(MISS_COLUMNS, rows)
+    if len(columns) < len(MISS_COLUMNS):
+        return ""
+    return _scheduler_table(rows, columns)
 
 
 def twp_versus_baselines(summary: Sequence[Mapping[str, Any]], workload: str) -> list[str]:
@@ -256,6 +285,9 @@ def render_report(
         out += ["", "## Capacity", "", CAPACITY_METHOD, "", capacity_table(capacity), ""]
     for workload in workloads:
         out += [f"## Workload `{workload}`", "", comparison_table(summary, workload), ""]
+        misses = miss_table(summary, workload)
+        if misses:
+            out += ["### Why requests missed the SLO", "", MISS_METHOD, "", misses, ""]
         comparison = twp_versus_baselines(summary, workload)
         if comparison:
             out += ["### TWP against the baselines", "", *comparison, ""]

@@ -21,11 +21,13 @@ SCALAR_METRICS = (
     "qoe_mean", "num_preemptions", "recomputed_tokens", "cold_starts_paid", "cold_start_ttft_ms",
 )  # fmt: skip
 DISTRIBUTION_METRICS = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
-# Optional per-run counters (present when the engine or pool reports them).
+# Optional per-run counters (present when the engine or pool reports them, or, for the SLO
+# misses, in runs written since they were added).
 COUNTER_METRICS = (
     "num_cold_starts", "num_migrations", "computed_tokens", "recomputed_share",
     "container_seconds", "goodput_per_container_s", "num_scale_outs", "scale_out_waiting_mean",
-    "num_rejected",
+    "num_rejected", "ttft_miss_share", "cold_start_ttft_miss_share", "tpot_miss_share",
+    "unserved_share",
 )  # fmt: skip
 
 

@@ -29,6 +29,8 @@ class RequestLatencies:
     e2e_ms: FloatArray
     num_output_tokens: npt.NDArray[np.int64]
     meets_slo: npt.NDArray[np.bool_]
+    meets_ttft: npt.NDArray[np.bool_]
+    meets_tpot: npt.NDArray[np.bool_]
 
 
 def completed(requests: Sequence[Request]) -> list[Request]:
@@ -36,7 +38,9 @@ def completed(requests: Sequence[Request]) -> list[Request]:
 
 
 def latencies(requests: Sequence[Request], slo: Slo) -> RequestLatencies:
-    """Latencies of the finished requests of ``requests`` and whether each meets ``slo``."""
+    """Latencies of the finished requests of ``requests`` (in ``completed``'s order) and
+    whether each meets ``slo``: both objectives, its TTFT one, its TPOT one (an objective
+    that is None is met)."""
     done = completed(requests)
     ttft = np.array([(r.token_times_s[0] - r.arrival_s) * 1000 for r in done], dtype=float)
     e2e = np.array([(r.token_times_s[-1] - r.arrival_s) * 1000 for r in done], dtype=float)
@@ -47,9 +51,12 @@ def latencies(requests: Sequence[Request], slo: Slo) -> RequestLatencies:
     tpot = (e2e[multi] - ttft[multi]) / (n_out[multi] - 1)
     tpot_all = np.zeros(len(done))
     tpot_all[multi] = tpot
-    meets = np.ones(len(done), dtype=bool)
+    meets_ttft = np.ones(len(done), dtype=bool)
+    meets_tpot = np.ones(len(done), dtype=bool)
     if slo.ttft_ms is not None:
-        meets &= ttft <= slo.ttft_ms
+        meets_ttft = ttft <= slo.ttft_ms
     if slo.tpot_ms is not None:
-        meets &= tpot_all <= slo.tpot_ms
-    return RequestLatencies(ttft, itl, tpot, e2e, n_out, meets)
+        meets_tpot = tpot_all <= slo.tpot_ms
+    return RequestLatencies(
+        ttft, itl, tpot, e2e, n_out, meets_ttft & meets_tpot, meets_ttft, meets_tpot
+    )

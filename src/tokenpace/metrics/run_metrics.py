@@ -7,10 +7,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from tokenpace.core.request import Request, RequestStatus
 from tokenpace.metrics.qoe import QoeConfig, mean_qoe
-from tokenpace.metrics.request_metrics import FloatArray, latencies
+from tokenpace.metrics.request_metrics import FloatArray, completed, latencies
 from tokenpace.metrics.slo import Slo
 
 PERCENTILE_KEYS = ("mean", "p50", "p95", "p99")
@@ -53,17 +54,18 @@ def summarize_run(
     all requests meeting both SLOs), ``qoe_mean`` (Andes QoE for ``qoe``'s reader),
     ``num_preemptions``, ``recomputed_tokens`` (KV contents thrown away by preemptions and
     computed again), ``cold_starts_paid`` (requests whose TTFT includes a cold start) and
-    ``cold_start_ttft_ms`` (the mean cold-start wait of those requests, 0 if none) and
-    ``num_rejected`` (requests the policy refused before serving them: they count in
-    ``n_requests`` and never as meeting the SLO, so ``slo_attainment`` counts them as
-    misses). The duration ends at the last token delivered, so a run that rejects, serving
-    fewer requests, may end sooner and divide its goodput by less: compare such runs on
-    ``slo_attainment`` too."""
+    ``cold_start_ttft_ms`` (the mean cold-start wait of those requests, 0 if none), why
+    requests missed the SLO (``slo_misses``) and ``num_rejected`` (requests the policy
+    refused before serving them: they count in ``n_requests`` and never as meeting the SLO,
+    so ``slo_attainment`` counts them as misses). The duration ends at the last token
+    delivered, so a run that rejects, serving fewer requests, may end sooner and divide its
+    goodput by less: compare such runs on ``slo_attainment`` too."""
     lat = latencies(requests, slo)
     ends = [r.token_times_s[-1] for r in requests if r.token_times_s]
     duration = (max(ends) - start_s) if ends else 0.0
     n_done = len(lat.ttft_ms)
     cold = [r.cold_start_s for r in requests if r.cold_start_s > 0]
+    paid_cold = np.array([r.cold_start_s > 0 for r in completed(requests)], dtype=bool)
     per_s = 1.0 / duration if duration > 0 else 0.0
     return {
         "scheduler": key.scheduler,
@@ -87,4 +89,33 @@ def summarize_run(
         "cold_starts_paid": float(len(cold)),
         "cold_start_ttft_ms": 1000 * float(np.mean(cold)) if cold else 0.0,
         "num_rejected": float(sum(r.status is RequestStatus.REJECTED for r in requests)),
+        **slo_misses(len(requests), lat.meets_ttft, lat.meets_tpot, paid_cold),
+    }
+
+
+def slo_misses(
+    num_requests: int,
+    meets_ttft: npt.NDArray[np.bool_],
+    meets_tpot: npt.NDArray[np.bool_],
+    paid_cold_start: npt.NDArray[np.bool_],
+) -> dict[str, float]:
+    """Why requests missed the SLO, each as a share of all ``num_requests``, from the
+    finished requests' flags (one entry each, in the same order): ``ttft_miss_share``
+    (TTFT over its objective), ``cold_start_ttft_miss_share`` (those of them whose TTFT
+    includes a cold start), ``tpot_miss_share`` (TPOT over its objective; a request may
+    miss both) and ``unserved_share`` (not finished: rejected, or still unserved when the
+    run ended). ``1 - slo_attainment`` is the share missing either objective plus the
+    unserved share. NaN for a run without requests."""
+    if num_requests == 0:
+        nan = float("nan")
+        return dict.fromkeys(
+            ("ttft_miss_share", "cold_start_ttft_miss_share", "tpot_miss_share", "unserved_share"),
+            nan,
+        )
+    late = ~meets_ttft
+    return {
+        "ttft_miss_share": float(late.sum()) / num_requests,
+        "cold_start_ttft_miss_share": float((late & paid_cold_start).sum()) / num_requests,
+        "tpot_miss_share": float((~meets_tpot).sum()) / num_requests,
+        "unserved_share": (num_requests - len(meets_ttft)) / num_requests,
     }
