@@ -56,9 +56,11 @@ class RunResult:
     TTFT counts queueing and cold start; ITL pools every gap between a request's tokens;
     TPOT is (E2E - TTFT) / (output tokens - 1); goodput counts completed requests per
     second that meet both SLOs; ``slo_attainment`` is that count over all requests.
-    ``counters`` holds what the runner reports besides (``num_cold_starts``,
-    ``num_migrations``, ``container_seconds``, ``computed_tokens``, ...). ``requests`` are
-    the run's requests with their token timestamps (not part of equality)."""
+    ``counters`` holds every other figure of the run: what the runner reports besides
+    (``num_cold_starts``, ``num_migrations``, ``container_seconds``, ``computed_tokens``,
+    ...) and why requests missed the SLO (``ttft_miss_share``, ...; see
+    ``run_metrics.slo_misses``). ``requests`` are the run's requests with their token
+    timestamps (not part of equality)."""
 
     scheduler: str
     workload: str
