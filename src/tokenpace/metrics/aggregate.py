@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from tokenpace.metrics.run_metrics import SLO_MISS_FIELDS
+
 # Two-sided 95% Student t quantiles t_{0.975, df} for df = 1..30; beyond, the normal 1.96
 # is within 2%.
 _T975 = (
@@ -26,8 +28,7 @@ DISTRIBUTION_METRICS = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
 COUNTER_METRICS = (
     "num_cold_starts", "num_migrations", "computed_tokens", "recomputed_share",
     "container_seconds", "goodput_per_container_s", "num_scale_outs", "scale_out_waiting_mean",
-    "num_rejected", "ttft_miss_share", "cold_start_ttft_miss_share", "tpot_miss_share",
-    "unserved_share",
+    "num_rejected", *SLO_MISS_FIELDS,
 )  # fmt: skip
 
 

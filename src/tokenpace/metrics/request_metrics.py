@@ -31,6 +31,7 @@ class RequestLatencies:
     meets_slo: npt.NDArray[np.bool_]
     meets_ttft: npt.NDArray[np.bool_]
     meets_tpot: npt.NDArray[np.bool_]
+    paid_cold_start: npt.NDArray[np.bool_]
 
 
 def completed(requests: Sequence[Request]) -> list[Request]:
@@ -40,7 +41,7 @@ def completed(requests: Sequence[Request]) -> list[Request]:
 def latencies(requests: Sequence[Request], slo: Slo) -> RequestLatencies:
     """Latencies of the finished requests of ``requests`` (in ``completed``'s order) and
     whether each meets ``slo``: both objectives, its TTFT one, its TPOT one (an objective
-    that is None is met)."""
+    that is None is met); and whether its TTFT includes a cold start."""
     done = completed(requests)
     ttft = np.array([(r.token_times_s[0] - r.arrival_s) * 1000 for r in done], dtype=float)
     e2e = np.array([(r.token_times_s[-1] - r.arrival_s) * 1000 for r in done], dtype=float)
@@ -57,6 +58,8 @@ def latencies(requests: Sequence[Request], slo: Slo) -> RequestLatencies:
         meets_ttft = ttft <= slo.ttft_ms
     if slo.tpot_ms is not None:
         meets_tpot = tpot_all <= slo.tpot_ms
+    paid_cold_start = np.array([r.cold_start_s > 0 for r in done], dtype=bool)
     return RequestLatencies(
-        ttft, itl, tpot, e2e, n_out, meets_ttft & meets_tpot, meets_ttft, meets_tpot
-    )
+        ttft, itl, tpot, e2e, n_out, meets_ttft & meets_tpot, meets_ttft, meets_tpot,
+        paid_cold_start,
+    )  # fmt: skip

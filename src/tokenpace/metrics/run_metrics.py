@@ -7,14 +7,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from tokenpace.core.request import Request, RequestStatus
 from tokenpace.metrics.qoe import QoeConfig, mean_qoe
-from tokenpace.metrics.request_metrics import FloatArray, completed, latencies
+from tokenpace.metrics.request_metrics import FloatArray, RequestLatencies, latencies
 from tokenpace.metrics.slo import Slo
 
 PERCENTILE_KEYS = ("mean", "p50", "p95", "p99")
+# The run fields of ``slo_misses``.
+SLO_MISS_FIELDS = (
+    "ttft_miss_share", "cold_start_ttft_miss_share", "tpot_miss_share", "unserved_share",
+)  # fmt: skip
 
 
 def distribution(samples: FloatArray, with_spread: bool = False) -> dict[str, float]:
@@ -65,7 +68,6 @@ def summarize_run(
     duration = (max(ends) - start_s) if ends else 0.0
     n_done = len(lat.ttft_ms)
     cold = [r.cold_start_s for r in requests if r.cold_start_s > 0]
-    paid_cold = np.array([r.cold_start_s > 0 for r in completed(requests)], dtype=bool)
     per_s = 1.0 / duration if duration > 0 else 0.0
     return {
         "scheduler": key.scheduler,
@@ -89,33 +91,24 @@ def summarize_run(
         "cold_starts_paid": float(len(cold)),
         "cold_start_ttft_ms": 1000 * float(np.mean(cold)) if cold else 0.0,
         "num_rejected": float(sum(r.status is RequestStatus.REJECTED for r in requests)),
-        **slo_misses(len(requests), lat.meets_ttft, lat.meets_tpot, paid_cold),
+        **slo_misses(len(requests), lat),
     }
 
 
-def slo_misses(
-    num_requests: int,
-    meets_ttft: npt.NDArray[np.bool_],
-    meets_tpot: npt.NDArray[np.bool_],
-    paid_cold_start: npt.NDArray[np.bool_],
-) -> dict[str, float]:
+def slo_misses(num_requests: int, lat: RequestLatencies) -> dict[str, float]:
     """Why requests missed the SLO, each as a share of all ``num_requests``, from the
-    finished requests' flags (one entry each, in the same order): ``ttft_miss_share``
-    (TTFT over its objective), ``cold_start_ttft_miss_share`` (those of them whose TTFT
-    includes a cold start), ``tpot_miss_share`` (TPOT over its objective; a request may
-    miss both) and ``unserved_share`` (not finished: rejected, or still unserved when the
-    run ended). ``1 - slo_attainment`` is the share missing either objective plus the
-    unserved share. NaN for a run without requests."""
+    finished requests' ``lat``: ``ttft_miss_share`` (TTFT over its objective),
+    ``cold_start_ttft_miss_share`` (those of them whose TTFT includes a cold start),
+    ``tpot_miss_share`` (TPOT over its objective; a request may miss both) and
+    ``unserved_share`` (not finished: rejected, or still unserved when the run ended).
+    ``1 - slo_attainment`` is the share missing either objective plus the unserved share.
+    NaN for a run without requests."""
     if num_requests == 0:
-        nan = float("nan")
-        return dict.fromkeys(
-            ("ttft_miss_share", "cold_start_ttft_miss_share", "tpot_miss_share", "unserved_share"),
-            nan,
-        )
-    late = ~meets_ttft
+        return dict.fromkeys(SLO_MISS_FIELDS, float("nan"))
+    late = ~lat.meets_ttft
     return {
         "ttft_miss_share": float(late.sum()) / num_requests,
-        "cold_start_ttft_miss_share": float((late & paid_cold_start).sum()) / num_requests,
-        "tpot_miss_share": float((~meets_tpot).sum()) / num_requests,
-        "unserved_share": (num_requests - len(meets_ttft)) / num_requests,
+        "cold_start_ttft_miss_share": float((late & lat.paid_cold_start).sum()) / num_requests,
+        "tpot_miss_share": float((~lat.meets_tpot).sum()) / num_requests,
+        "unserved_share": (num_requests - len(lat.meets_ttft)) / num_requests,
     }

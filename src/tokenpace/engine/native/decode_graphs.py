@@ -102,7 +102,7 @@ class DecodeGraphs:
         self._built: dict[int, _Size] = {}
 
     @property
-    def captured_sizes(self) -> tuple[int, ...]:
+    def built_sizes(self) -> tuple[int, ...]:
         """The step sizes built so far."""
         return tuple(sorted(self._built))
 

@@ -355,7 +355,7 @@ class NativeEngine(BlockAccountedEngine):
     @property
     def decode_graph_sizes(self) -> tuple[int, ...]:
         """Decode step sizes whose buffers (and graphs) were built so far."""
-        return () if self._decode_graphs is None else self._decode_graphs.captured_sizes
+        return () if self._decode_graphs is None else self._decode_graphs.built_sizes
 
     @property
     def decode_attention(self) -> str:
