@@ -38,15 +38,21 @@ def test_dry_run_profiles_times_and_compares_every_scheduler(tmp_path: Path) -> 
     graphs = result["decode_graphs_check"]
     assert graphs["greedy_equal_requests"] == graphs["greedy_requests"] == 12
     assert set(graphs["steps"]) == {"1", "8"}
-    assert all(
-        step["graphs_ms"] > 0 and step["without_ms"] > 0 for step in graphs["steps"].values()
-    )
+    timed = [*graphs["steps"].values(), graphs["prefill_64"], graphs["mixed"]]
+    assert all(step["graphs_ms"] > 0 and step["without_ms"] > 0 for step in timed)
     assert result["roofline_ms"] > 0
     assert result["b1_step_ms"] > result["roofline_ms"] * 0.5
     assert result["profile"]["l_min_ms"] > 0
     assert result["profile"]["b0"] >= 1
     schedulers = result["schedulers"]
-    assert list(schedulers) == ["twp", "fcfs", "priority", "dynamic_batch", "vllm_default"]
+    assert list(schedulers) == [
+        "twp",
+        "twp_slo",
+        "fcfs",
+        "priority",
+        "dynamic_batch",
+        "vllm_default",
+    ]
     n = result["workload"]["n_requests"]
     for name, run in schedulers.items():
         assert run["n_completed"] == n, name

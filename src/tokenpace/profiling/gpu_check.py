@@ -51,7 +51,7 @@ from tokenpace.workload.main_experiment import (
 from tokenpace.workload.spec import with_known_lengths
 
 REFERENCE_PROFILE = "v100-llama-3.2-3b"
-SCHEDULERS = ("twp", "fcfs", "priority", "dynamic_batch", "vllm_default")
+SCHEDULERS = ("twp", "twp_slo", "fcfs", "priority", "dynamic_batch", "vllm_default")
 GRAPH_BATCHES = (1, 8, 64)
 Log = Callable[[str], None]
 
@@ -148,24 +148,34 @@ def main_workload(profile: EngineProfile, config: GpuCheckConfig) -> PoissonWork
 def compare_decode_graphs(
     engine: NativeEngine, sweep: SweepConfig, batches: Sequence[int], log: Log
 ) -> dict[str, Any] | None:
-    """Decode steps with the engine's decode graphs against the same engine without them
-    (``decode_graphs_paused``): per batch (context 128) both step times, and whether
-    greedy decoding gives the same tokens both ways (12 requests, 16 tokens each, a step
-    of 7 among them); None when the engine runs no decode graphs."""
+    """Steps with the engine's decode graphs against the same engine without them
+    (``decode_graphs_paused``): both step times per decode batch (context 128), for a
+    64-token prefill chunk and for the sweep's mixed step (decode plus one prompt); and
+    whether greedy decoding gives the same tokens both ways (12 requests prefilled in one
+    step, 16 tokens each, a step of 7 among them); None when the engine runs no decode
+    graphs."""
     if engine.decode_graphs == "off":
         return None
     probe = NativeProbe(engine)
-    steps: dict[str, dict[str, float]] = {}
-    for batch in batches:
-        graphs = probe.decode(sweep, batch, 128).step_ms
+
+    def both(label: str, measure: Callable[[], float]) -> dict[str, float]:
+        graphs = measure()
         with engine.decode_graphs_paused():
-            without = probe.decode(sweep, batch, 128).step_ms
-        steps[str(batch)] = {
+            without = measure()
+        log(f"{label}: {graphs:.2f} ms with decode graphs, {without:.2f} ms without")
+        return {
             "graphs_ms": round(graphs, 3),
             "without_ms": round(without, 3),
             "without_over_graphs": round(without / graphs, 2),
         }
-        log(f"decode B={batch}: {graphs:.2f} ms with decode graphs, {without:.2f} ms without")
+
+    def decode_at(batch: int) -> Callable[[], float]:
+        return lambda: probe.decode(sweep, batch, 128).step_ms
+
+    steps = {str(batch): both(f"decode B={batch}", decode_at(batch)) for batch in batches}
+    prefill = both("prefill C=64", lambda: probe.prefill(sweep, 64, 0).step_ms)
+    mixed_label = f"decode B={sweep.mixed_batch_size} with a {sweep.mixed_chunk}-token prompt"
+    mixed = both(mixed_label, lambda: probe.mixed(sweep).mixed_ms)
     with_graphs = _greedy_tokens(engine)
     with engine.decode_graphs_paused():
         without_graphs = _greedy_tokens(engine)
@@ -173,6 +183,8 @@ def compare_decode_graphs(
     log(f"greedy tokens equal with and without decode graphs: {same} of {len(with_graphs)}")
     return {
         "steps": steps,
+        "prefill_64": prefill,
+        "mixed": mixed,
         "greedy_equal_requests": same,
         "greedy_requests": len(with_graphs),
         "mode_after": engine.decode_graphs,

@@ -93,11 +93,17 @@ class NativeEngineConfig:
     )
     decode_graphs: str = option(
         "auto",
-        "Fused forward: decode-only steps run through static buffers per step size, the work "
-        "between two attentions replayed as one CUDA graph (attention itself uncaptured). "
-        "auto (captured on CUDA, off elsewhere), on (captured; needs CUDA), eager (the same "
-        "buffers and pieces uncaptured, on any device), off.",
+        "Fused forward: steps (decode, prefill chunks, mixed) of up to graph_max_tokens "
+        "tokens, and decode steps of up to max_num_seqs, run through static buffers per step "
+        "size, the work between two attentions replayed as one CUDA graph (attention itself "
+        "uncaptured). auto (captured on CUDA, off elsewhere), on (captured; needs CUDA), eager "
+        "(the same buffers and pieces uncaptured, on any device), off.",
         choices=DECODE_GRAPHS,
+    )
+    graph_max_tokens: int = option(
+        512,
+        "The largest step (tokens) that decode_graphs take; larger steps, whose products "
+        "outweigh their kernel launches, run the fused forward's own call.",
     )
     cudnn_attention: bool = option(
         False,
@@ -114,7 +120,13 @@ class NativeEngineConfig:
 
     def __post_init__(self) -> None:
         require_positive(
-            self, "num_threads", "block_size", "kv_cache_tokens", "max_model_len", "max_num_seqs"
+            self,
+            "num_threads",
+            "block_size",
+            "kv_cache_tokens",
+            "max_model_len",
+            "max_num_seqs",
+            "graph_max_tokens",
         )
         if self.upcast_min_tokens < -1:
             raise ValueError(

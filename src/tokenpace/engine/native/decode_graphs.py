@@ -1,24 +1,26 @@
-"""Decode steps through static per-size buffers, the work between attentions replayed as
-CUDA graphs.
+"""Steps through static per-size buffers, the work between attentions replayed as CUDA
+graphs.
 
-On a GPU a fused-forward decode step is bound by kernel launches, not by the GPU: a
-Llama-3.2-3B-shaped model's batch-1 forward took 11.3 ms on an H200 when its kernels were
+On a GPU a fused-forward step of a small model is bound by kernel launches, not by the GPU:
+a Llama-3.2-3B-shaped model's batch-1 forward took 11.3 ms on an H200 when its kernels were
 issued one by one and 3.7 ms when the same forward was replayed as one captured CUDA graph
-(batch 128: 11.6 and 5.9 ms), against a weight-read floor of 1.5 ms. A graph fixes every
-shape it was captured with, and decode attention's shape follows the step's longest
-context; so, as vLLM's piecewise graphs do, a step is cut at each layer's attention: the
-work between two attentions (the output product, the MLP, the next layer's norm,
-query/key/value product and RoPE; the embedding before the first, the final norm and LM
-head after the last) is one graph per step size, the attention itself runs as the engine's
-usual ``attend`` on the step's real rows.
+(batch 128: 11.6 and 5.9 ms), against a weight-read floor of 1.5 ms. A prefill chunk of
+16-256 tokens is bound the same way (22-24 ms uncaptured in a later run, about its decode
+step's uncaptured time). A graph fixes every shape it was captured with, and attention's
+shape follows the step's contexts; so, as vLLM's piecewise graphs do, a step is cut at each
+layer's attention: the work between two attentions (the output product, the MLP, the next
+layer's norm, query/key/value product and RoPE; the embedding before the first, the final
+norm and LM head after the last) is one graph per step size, the attention itself runs as
+the engine's usual ``attend`` on the step's real rows with the step's layout (decode rows,
+prefill chunks, or both).
 
-A step of ``n`` decode tokens runs in the smallest captured size ``T >= n``
-(``bucket_sizes``): its token ids and positions are copied into the first ``n`` rows of
-static inputs; the other ``T - n`` rows are computed and discarded (every operation between
-attentions works row by row, so they do not touch the real rows, and they never reach the KV
-cache, which only ``attend`` writes). Sizes are captured when first used. ``eager`` runs
-the same buffers and pieces without capture, on any device: it checks the piecewise path
-where no GPU is present.
+A step of ``n`` tokens runs in the smallest size ``T >= n`` (``bucket_sizes``): its token ids
+and positions are copied into the first ``n`` rows of static inputs; the other ``T - n``
+rows are computed and discarded (every operation between attentions works row by row, so
+they do not touch the real rows, and they never reach the KV cache, which only ``attend``
+writes). The head runs on all ``T`` rows and the step's sampled rows are taken from its
+output. Sizes are captured when first used. ``eager`` runs the same buffers and pieces
+without capture, on any device: it checks the piecewise path where no GPU is present.
 """
 
 from __future__ import annotations
@@ -37,13 +39,14 @@ Piece = Callable[[], None]
 Capturer = Callable[[tuple[Piece, ...], torch.device], tuple[Piece, ...]]
 
 
-def bucket_sizes(max_num_seqs: int) -> tuple[int, ...]:
-    """Step sizes (decode tokens) that get their own buffers and graphs: 1, 2, 4, then
-    every multiple of 8, and ``max_num_seqs`` itself, up to ``max_num_seqs``."""
-    if max_num_seqs < 1:
-        raise ValueError(f"max_num_seqs must be positive, got {max_num_seqs}")
-    sizes = {1, 2, 4, *range(8, max_num_seqs + 1, 8), max_num_seqs}
-    return tuple(sorted(size for size in sizes if size <= max_num_seqs))
+def bucket_sizes(max_tokens: int) -> tuple[int, ...]:
+    """Step sizes (tokens) that get their own buffers and graphs, up to ``max_tokens``: 1, 2,
+    4, every multiple of 8 up to 128, every multiple of 64 above, and ``max_tokens`` itself
+    (padding stays under 8 rows where steps are decode batches, under 64 above)."""
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be positive, got {max_tokens}")
+    sizes = {1, 2, 4, *range(8, 129, 8), *range(192, max_tokens + 1, 64), max_tokens}
+    return tuple(sorted(size for size in sizes if size <= max_tokens))
 
 
 @dataclass(slots=True)
@@ -70,7 +73,7 @@ class _Size:
 
 
 class DecodeGraphs:
-    """Logits of decode-only steps of ``forward``'s model (see the module doc).
+    """Logits of steps of ``forward``'s model (see the module doc).
 
     ``capture`` replays each piece as captured by ``capturer`` (default
     ``capture_cuda_graphs``, which needs a CUDA device); without it the pieces run eagerly
@@ -107,36 +110,40 @@ class DecodeGraphs:
         return tuple(sorted(self._built))
 
     def covers(self, num_tokens: int) -> bool:
-        """Whether a decode step of ``num_tokens`` tokens fits a size (never once
-        ``disabled``)."""
+        """Whether a step of ``num_tokens`` tokens fits a size (never once ``disabled``)."""
         return self.disabled is None and 0 < num_tokens <= self.sizes[-1]
 
     def __call__(
-        self, token_ids: torch.Tensor, positions: torch.Tensor, layout: StepLayout
+        self,
+        token_ids: torch.Tensor,
+        positions: torch.Tensor,
+        layout: StepLayout,
+        sample_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Logits ``[n, vocab]`` (model dtype, on the device) of a step whose ``n`` tokens
-        (``token_ids``, ``positions``: ``[n]`` on the device, in the layout's row order)
-        are all decode tokens, each sampled."""
+        """Logits (model dtype, on the device) of a step of ``n`` tokens (``token_ids``,
+        ``positions``: ``[n]`` on the device, in the layout's row order; decode tokens,
+        prefill chunks or both): at ``sample_rows`` (``[k]``, a new tensor), or ``[n, vocab]``
+        for every row when None (a view that the next step of the same size overwrites:
+        consume it first)."""
         n = int(token_ids.shape[0])
         if not self.covers(n):
-            raise ValueError(f"a decode step of {n} tokens fits no size of {self.sizes}")
+            raise ValueError(f"a step of {n} tokens fits no size of {self.sizes}")
         rows = next(s for s in self.sizes if s >= n)
         size = self._size(rows)
-        if size.check is None:
-            return self._run(size, token_ids, positions, layout)
-        # Attention writes this step's keys and values twice, the uncaptured pieces' last:
-        # the cache ends as after one uncaptured step.
         logits = self._run(size, token_ids, positions, layout)
-        expected = self._run(size.check, token_ids, positions, layout)
-        size.check = None
-        if not torch.equal(logits, expected):
-            worst = float((logits.float() - expected.float()).abs().max())
-            self.disabled = (
-                f"captured logits of a {rows}-token step differed from uncaptured ones "
-                f"(largest difference {worst:.3g})"
-            )
-            return expected
-        return logits
+        if size.check is not None:
+            # Attention writes this step's keys and values twice, the uncaptured pieces'
+            # last: the cache ends as after one uncaptured step.
+            expected = self._run(size.check, token_ids, positions, layout)
+            size.check = None
+            if not torch.equal(logits, expected):
+                worst = float((logits.float() - expected.float()).abs().max())
+                self.disabled = (
+                    f"captured logits of a {rows}-token step differed from uncaptured ones "
+                    f"(largest difference {worst:.3g})"
+                )
+                logits = expected
+        return logits if sample_rows is None else logits.index_select(0, sample_rows)
 
     def _run(
         self, size: _Size, token_ids: torch.Tensor, positions: torch.Tensor, layout: StepLayout

@@ -307,7 +307,8 @@ class NativeEngine(BlockAccountedEngine):
         return DecodeShape(shape.num_kv_heads, group, shape.head_dim)
 
     def _choose_decode_graphs(self) -> DecodeGraphs | None:
-        """Decode-only steps through per-size buffers (``decode_graphs``): captured as CUDA
+        """Steps of up to ``graph_max_tokens`` tokens (decode steps of up to ``max_num_seqs``)
+        through per-size buffers (``decode_graphs``): captured as CUDA
         graphs with ``on`` (refused, naming why, off CUDA or without the fused forward)
         and with ``auto`` on CUDA; uncaptured with ``eager``; None otherwise."""
         setting = self.config.decode_graphs
@@ -319,12 +320,12 @@ class NativeEngine(BlockAccountedEngine):
             )
         if self._fused is None or setting == "off" or (setting == "auto" and device.type != "cuda"):
             return None
-        sizes = bucket_sizes(self.config.max_num_seqs)
+        sizes = bucket_sizes(max(self.config.max_num_seqs, self.config.graph_max_tokens))
         return DecodeGraphs(self._fused, sizes, device, capture=setting != "eager")
 
     @property
     def decode_graphs(self) -> str:
-        """How decode-only steps run: ``captured`` (CUDA graphs between attentions),
+        """How steps the graphs cover run: ``captured`` (CUDA graphs between attentions),
         ``eager`` (the same pieces uncaptured) or ``off`` (the fused forward's own call;
         with the reason in parentheses where captured logits differed and switched the
         graphs off)."""
@@ -343,7 +344,7 @@ class NativeEngine(BlockAccountedEngine):
 
     @contextmanager
     def decode_graphs_paused(self) -> Iterator[None]:
-        """Within this context decode-only steps run the fused forward's own call, as with
+        """Within this context every step runs the fused forward's own call, as with
         ``decode_graphs='off'`` (for comparisons on one loaded model); the graphs built
         so far are kept for after it."""
         saved, self._decode_graphs = self._decode_graphs, None
@@ -354,7 +355,7 @@ class NativeEngine(BlockAccountedEngine):
 
     @property
     def decode_graph_sizes(self) -> tuple[int, ...]:
-        """Decode step sizes whose buffers (and graphs) were built so far."""
+        """Step sizes whose buffers (and graphs) were built so far."""
         return () if self._decode_graphs is None else self._decode_graphs.built_sizes
 
     @property
@@ -436,11 +437,7 @@ class NativeEngine(BlockAccountedEngine):
                     prompt_rows.append((request, row, first + 1, list(prompt[first + 1 : end + 1])))
         layout = self._layout(decode, prefill)
         extra_rows = [r + i for _, r, _, nexts in prompt_rows for i in range(len(nexts))]
-        # Every row a decode token, each sampled: the step may take the decode graphs.
-        decode_only = not prefill and not extra_rows and len(sample_rows) == len(token_ids)
-        all_logits = self._forward(
-            token_ids, positions, [*sample_rows, *extra_rows], layout, decode_only
-        )
+        all_logits = self._forward(token_ids, positions, [*sample_rows, *extra_rows], layout)
         logits = _HostRows(all_logits[: len(sample_rows)])
         self._prompt_logprobs(prompt_rows, _HostRows(all_logits[len(sample_rows) :]).all())
         self.step_logprobs = {}
@@ -573,22 +570,21 @@ class NativeEngine(BlockAccountedEngine):
         positions: list[int],
         sample_rows: list[int],
         layout: StepLayout,
-        decode_only: bool = False,
     ) -> torch.Tensor:
         """Logits ``[len(sample_rows), vocab]`` at the given flattened rows: float32 on the
         CPU; on other devices left there (model dtype), for ``_HostRows`` to bring over
-        only what sampling needs. ``decode_only``: every row is a decode token and sampled
-        (the decode graphs may take the step)."""
+        only what sampling needs. Through the decode graphs where they cover the step."""
         device = self.loaded.device
         if self._fused is not None:
             with torch.inference_mode(), attention_context(self._attention_backends):
                 ids = torch.tensor(token_ids, dtype=torch.long, device=device)
                 at = torch.tensor(positions, dtype=torch.long, device=device)
                 graphs = self._decode_graphs
-                if decode_only and graphs is not None and graphs.covers(len(token_ids)):
-                    fused = graphs(ids, at, layout)
+                rows = torch.tensor(sample_rows, dtype=torch.long, device=device)
+                if graphs is not None and graphs.covers(len(token_ids)):
+                    every_row = sample_rows == list(range(len(token_ids)))
+                    fused = graphs(ids, at, layout, None if every_row else rows)
                 else:
-                    rows = torch.tensor(sample_rows, dtype=torch.long, device=device)
                     fused = self._fused(ids, at, rows, layout)
                 if device.type != "cpu":
                     return fused
