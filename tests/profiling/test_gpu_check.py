@@ -57,6 +57,11 @@ def test_dry_run_profiles_times_and_compares_every_scheduler(tmp_path: Path) -> 
     for name, run in schedulers.items():
         assert run["n_completed"] == n, name
         assert run["throughput_tok_s"] > 0, name
+    high = result["high"]
+    assert high["rate_per_s"] > high["knee_rps"] > 0  # 1.2x the knee
+    assert list(high["schedulers"]) == ["twp_slo", "vllm_default", "sarathi", "sla_batch", "fcfs"]
+    for name, run in high["schedulers"].items():
+        assert run["n_completed"] == high["n_requests"], name
     profile = json.loads((tmp_path / "profile.json").read_text())
     assert profile["b0"] == result["profile"]["b0"]
     assert (tmp_path / "profile.png").is_file()

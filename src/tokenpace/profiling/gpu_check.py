@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenpace.bench.cpu_scale import main_load_factor
+from tokenpace.bench.cpu_scale import main_load_factor, simulated_knee
 from tokenpace.cli.command import run_command
 from tokenpace.cli.spec import UsageError
 from tokenpace.core.cache import default_cache_dir
@@ -48,10 +48,16 @@ from tokenpace.workload.main_experiment import (
     PAPER_PROMPT_LENGTHS,
     PoissonWorkload,
 )
+from tokenpace.workload.scenarios import (
+    SCENARIO_OUTPUT_LENGTHS,
+    SCENARIO_PROMPT_LENGTHS,
+    load_factor,
+)
 from tokenpace.workload.spec import with_known_lengths
 
 REFERENCE_PROFILE = "v100-llama-3.2-3b"
 SCHEDULERS = ("twp", "twp_slo", "fcfs", "priority", "dynamic_batch", "vllm_default")
+HIGH_SCHEDULERS = ("twp_slo", "vllm_default", "sarathi", "sla_batch", "fcfs")
 GRAPH_BATCHES = (1, 8, 64)
 Log = Callable[[str], None]
 
@@ -72,6 +78,13 @@ class GpuCheckConfig:
     )
     max_requests: int = option(250, "Requests per scheduler run (the paper's 250).")
     schedulers: tuple[str, ...] = option(SCHEDULERS, "Policies compared, TWP first.")
+    high_requests: int = option(
+        600,
+        "Requests of the `high` run (the scenario mixtures at 1.2x the engine's knee); 0 skips it.",
+    )
+    high_schedulers: tuple[str, ...] = option(
+        HIGH_SCHEDULERS, "Policies compared on `high`: twp_slo and the strongest baselines."
+    )
     graph_batches: tuple[int, ...] = option(
         GRAPH_BATCHES, "Batches at which decode steps are timed with and without decode graphs."
     )
@@ -83,7 +96,7 @@ def dry_run_config() -> GpuCheckConfig:
     """The same path on the CPU with a tiny Llama-shaped model: seconds, not minutes."""
     return GpuCheckConfig(
         engine=NativeEngineConfig(
-            model="random:tiny-llama", device="cpu", max_num_seqs=32, max_model_len=512
+            model="random:tiny-llama", device="cpu", max_num_seqs=32, max_model_len=1024
         ),
         sweep=SweepConfig(
             batch_sizes=(1, 2, 4, 8, 16),
@@ -100,6 +113,7 @@ def dry_run_config() -> GpuCheckConfig:
             repeats=1,
         ),
         max_requests=6,
+        high_requests=12,
         graph_batches=(1, 8),
     )
 
@@ -111,24 +125,44 @@ def run_schedulers(
     config: GpuCheckConfig,
     log: Log,
     on_run: Callable[[str, dict[str, Any]], None] = lambda name, run: None,
+    schedulers: Sequence[str] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Every scheduler on the same requests of ``workload`` (EOS ignored, as in the
-    simulator); returns per scheduler the results.json ``runs`` entry, each also passed to
-    ``on_run`` as it finishes."""
+    """Every scheduler (``config.schedulers`` unless given) on the same requests of
+    ``workload`` (EOS ignored, as in the simulator); returns per scheduler the results.json
+    ``runs`` entry, each also passed to ``on_run`` as it finishes."""
     # Real engines stop requests through max_tokens (ignore_eos), so it carries the true length.
     specs = with_known_lengths(workload.generate(np.random.default_rng(config.seed)))
     runs: dict[str, dict[str, Any]] = {}
-    for name in config.schedulers:
+    for name in config.schedulers if schedulers is None else schedulers:
         backend.use_policy(name, profile, config.slo)
         outcome = replay(specs, backend, SamplingParams(ignore_eos=True))
         key = RunKey(name, workload.name, "native", config.seed)
         runs[name] = summarize_run(key, outcome.requests, 0.0, config.slo)
         log(
-            f"{name}: {runs[name]['n_completed']}/{len(specs)} done in "
+            f"{workload.name} {name}: {runs[name]['n_completed']}/{len(specs)} done in "
             f"{runs[name]['duration_s']:.1f} s, TTFT p50 {runs[name]['ttft_ms']['p50']:.0f} ms"
         )
         on_run(name, runs[name])
     return runs
+
+
+def high_workload(profile: EngineProfile, config: GpuCheckConfig) -> tuple[PoissonWorkload, float]:
+    """The ``high`` scenario's mixtures at its load factor (1.2) times the engine's knee
+    (``simulated_knee`` on ``profile``, as ``bench --engine native`` sizes it), and the
+    knee (req/s)."""
+    knee = simulated_knee(config.slo, None)(
+        profile, SCENARIO_PROMPT_LENGTHS, SCENARIO_OUTPUT_LENGTHS
+    )
+    rate = load_factor("high") * knee
+    workload = PoissonWorkload(
+        name="high",
+        rate_per_s=rate,
+        duration_s=2 * config.high_requests / rate,
+        max_requests=config.high_requests,
+        prompt_lengths=SCENARIO_PROMPT_LENGTHS,
+        output_lengths=SCENARIO_OUTPUT_LENGTHS,
+    )
+    return workload, knee
 
 
 def main_workload(profile: EngineProfile, config: GpuCheckConfig) -> PoissonWorkload:
@@ -303,6 +337,20 @@ def gpu_check(config: GpuCheckConfig, out_dir: Path, log: Log) -> dict[str, Any]
 
     save()
     run_schedulers(backend, profile, workload, config, log, record)
+    if config.high_requests > 0:
+        high, knee = high_workload(profile, config)
+        summary["high"] = {
+            "knee_rps": round(knee, 2),
+            "rate_per_s": round(high.rate_per_s, 2),
+            "n_requests": config.high_requests,
+            "schedulers": {},
+        }
+
+        def record_high(name: str, run: dict[str, Any]) -> None:
+            summary["high"]["schedulers"][name] = _brief(run)
+            save()
+
+        run_schedulers(backend, profile, high, config, log, record_high, config.high_schedulers)
     summary["complete"] = True
     summary["decode_graphs"] = engine.decode_graphs
     summary["wall_s"] = round(time.perf_counter() - start, 1)
