@@ -16,6 +16,7 @@ from tokenpace.core.step import Rejection, StepPlan, StepState
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.engine.sim import SimEngine
 from tokenpace.policy import POLICIES, build_policy
+from tokenpace.policy.base import Policy
 from tokenpace.policy.twp.config import TwpConfig
 from tokenpace.policy.twp.policy import TwpPolicy
 from tokenpace.profiling.online import OnlineCalibrationConfig
@@ -109,6 +110,80 @@ def test_abort_frees_blocks_of_running_and_waiting(paper_profile: EngineProfile)
     assert loop.abort(7, 0.2) is None
     assert loop.engine.num_free_blocks == loop.engine.num_total_blocks
     assert not loop.has_work
+
+
+class LimitChecked:
+    """A registry policy whose every plan is checked against the engine's ``max_running``
+    (what it planned, before the loop could drop anything)."""
+
+    def __init__(self, inner: Policy) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.most_held = 0
+
+    def plan(self, state: StepState) -> StepPlan:
+        plan = self.inner.plan(state)
+        held = len(state.running) + len(plan.admit_ids)
+        assert state.max_running is not None and held <= state.max_running, self.name
+        self.most_held = max(self.most_held, held)
+        return plan
+
+    def telemetry(self) -> Mapping[str, float]:
+        return self.inner.telemetry()
+
+
+class AdmitsAll:
+    """Admits every waiting request whole, whatever the engine holds."""
+
+    name = "admits_all"
+
+    def plan(self, state: StepState) -> StepPlan:
+        scheduled = {r.request_id: 1 for r in state.running}
+        scheduled.update({r.request_id: r.num_uncomputed_tokens for r in state.waiting})
+        return StepPlan(tuple(r.request_id for r in state.waiting), scheduled)
+
+    def telemetry(self) -> Mapping[str, float]:
+        return {}
+
+
+def _run_to_the_end(loop: StepLoop, specs: list[int]) -> int:
+    """Add one request per prompt length at time 0, run until done; the most requests
+    running after any step's admissions."""
+    for i, prompt in enumerate(specs):
+        loop.add_request(request(i, prompt=prompt, max_tokens=6), 0.0)
+    now, most = 0.0, 0
+    while loop.has_work:
+        step = loop.begin_step(now)
+        assert step is not None
+        most = max(most, len(loop.running))
+        now += step.result.latency_s
+        loop.complete_step(step, now)
+    return most
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES.names()))
+def test_every_policy_keeps_within_the_engines_request_limit(
+    paper_profile: EngineProfile, name: str
+) -> None:
+    profile = replace(paper_profile, b0=16)
+    policy = LimitChecked(build_policy(name, profile))
+    engine = SimEngine(profile, np.random.default_rng(0), max_running=3)
+    most = _run_to_the_end(StepLoop(policy, engine), [20 + 3 * i for i in range(12)])
+    assert most <= 3
+    assert policy.most_held == 3  # the limit binds, and the policy fills it
+
+
+def test_the_loop_drops_admissions_beyond_the_engines_limit(paper_profile: EngineProfile) -> None:
+    engine = SimEngine(paper_profile, np.random.default_rng(0), max_running=4)
+    loop = StepLoop(AdmitsAll(), engine)
+    assert _run_to_the_end(loop, [10] * 9) == 4
+    assert sorted(r.request_id for r in loop.finished) == list(range(9))
+    assert all(r.num_output_tokens == 6 for r in loop.finished)
+
+
+def test_a_request_limit_must_be_positive(paper_profile: EngineProfile) -> None:
+    with pytest.raises(ValueError, match="max_running must be positive, got 0"):
+        SimEngine(paper_profile, np.random.default_rng(0), max_running=0)
 
 
 class Rejecting:

@@ -19,6 +19,9 @@ class StepState:
     ``block_size`` tokens. ``last_step_latency_s`` is None before the first step.
     ``running_columns``: the running requests' counters as columns, in ``running`` order,
     when the snapshot's owner read them (None: a policy reads them itself).
+    ``max_running``: the most requests the engine holds at once (its ``max_num_seqs``;
+    None: only KV blocks bound them). A plan keeps ``running`` plus its admissions within
+    it; the step loop drops any admission beyond it.
     """
 
     now_s: float
@@ -30,6 +33,14 @@ class StepState:
     num_total_blocks: int
     block_size: int
     running_columns: RunningColumns | None = None
+    max_running: int | None = None
+
+    def running_limit(self, own: int | None = None) -> int | None:
+        """The tighter of a policy's ``own`` bound on running requests and the engine's
+        ``max_running`` (None when neither bounds them)."""
+        if own is None:
+            return self.max_running
+        return own if self.max_running is None else min(own, self.max_running)
 
     def blocks_for(self, num_tokens: int) -> int:
         """Blocks needed to hold ``num_tokens`` tokens."""

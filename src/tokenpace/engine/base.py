@@ -27,6 +27,11 @@ class Engine(Protocol):
     @property
     def num_free_blocks(self) -> int: ...
 
+    @property
+    def max_running(self) -> int | None:
+        """The most requests the engine holds at once (None: only KV blocks bound them)."""
+        ...
+
     def num_blocks_needed(self, request: Request, num_new_tokens: int) -> int:
         """Additional blocks ``request`` needs to compute ``num_new_tokens`` more tokens."""
         ...

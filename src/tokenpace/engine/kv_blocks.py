@@ -62,10 +62,16 @@ class BlockAccountedEngine:
     engine sets up in its constructor."""
 
     _blocks: BlockAccountant
+    # The most requests held at once; None: only the blocks bound them.
+    _max_running: int | None = None
 
     @property
     def block_size(self) -> int:
         return self._blocks.block_size
+
+    @property
+    def max_running(self) -> int | None:
+        return self._max_running
 
     @property
     def num_total_blocks(self) -> int:

@@ -33,8 +33,12 @@ class SimEngine(BlockAccountedEngine):
         profile: EngineProfile,
         rng: np.random.Generator,
         output_lengths: Mapping[int, int] | None = None,
+        max_running: int | None = None,
     ) -> None:
+        if max_running is not None and max_running < 1:
+            raise ValueError(f"max_running must be positive, got {max_running}")
         self.profile = profile
+        self._max_running = max_running
         self._latency = LatencyModel(profile)
         self._rng = rng
         self._blocks = BlockAccountant(profile.num_gpu_blocks, profile.block_size)

@@ -49,8 +49,10 @@ class DynamicBatchPolicy:
                 self._cap = min(cfg.max_batch, self._cap + 1)
         free = state.num_free_blocks
         admitted: list[Request] = []
+        cap = state.running_limit(self._cap)
+        assert cap is not None
         for request in state.waiting:
-            if len(state.running) + len(admitted) >= self._cap:
+            if len(state.running) + len(admitted) >= cap:
                 break
             need = state.blocks_for(request.num_tokens)
             if need > free:

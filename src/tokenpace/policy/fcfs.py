@@ -51,7 +51,8 @@ def plan_in_order(
     first that does not fit."""
     free = state.num_free_blocks
     admitted: list[Request] = []
-    room = len(state.waiting) if max_num_seqs is None else max_num_seqs - len(state.running)
+    limit = state.running_limit(max_num_seqs)
+    room = len(state.waiting) if limit is None else limit - len(state.running)
     for position in positions:
         if len(admitted) >= room:
             break

@@ -8,7 +8,7 @@ simulator's virtual time and on real engines' wall time.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tokenpace.core.queue import WaitingQueue
 from tokenpace.core.request import FinishReason, Request, RequestStatus
@@ -119,12 +119,13 @@ class StepLoop:
             num_total_blocks=self.engine.num_total_blocks,
             block_size=self.engine.block_size,
             running_columns=self.batch.columns(running),
+            max_running=self.engine.max_running,
         )
 
     def begin_step(self, now_s: float) -> InFlightStep | None:
         if not self.has_work:
             return None
-        plan = self.policy.plan(self.snapshot(now_s))
+        plan = self._within_engine_limit(self.policy.plan(self.snapshot(now_s)))
         if plan.rejections:
             self._reject(plan, now_s)
         for request in self.waiting.remove(plan.admit_ids):
@@ -145,6 +146,24 @@ class StepLoop:
         result = self.engine.execute(chunks)
         self.num_computed_tokens += sum(c.num_tokens for c in chunks)
         return InFlightStep(plan, chunks, result, now_s, num_preempted)
+
+    def _within_engine_limit(self, plan: StepPlan) -> StepPlan:
+        """``plan`` without the admissions beyond the engine's ``max_running`` (the last
+        ones, with their tokens): they stay waiting for a later step. A policy that reads
+        ``StepState.max_running`` never makes any."""
+        limit = self.engine.max_running
+        if limit is None or len(self.running) + len(plan.admit_ids) <= limit:
+            return plan
+        keep = max(0, limit - len(self.running))
+        dropped = set(plan.admit_ids[keep:])
+        return replace(
+            plan,
+            admit_ids=plan.admit_ids[:keep],
+            num_scheduled_tokens={
+                rid: n for rid, n in plan.num_scheduled_tokens.items() if rid not in dropped
+            },
+            forced_ids=plan.forced_ids - dropped,
+        )
 
     def complete_step(self, step: InFlightStep, now_s: float) -> list[Request]:
         """Deliver tokens at ``now_s``; return the requests that finished in this step."""

@@ -109,6 +109,7 @@ class NativeEngine(BlockAccountedEngine):
             max_slots=config.max_num_seqs,
             max_positions=config.max_model_len,
         )
+        self._max_running = config.max_num_seqs
         self.decode_products_max_len = self._choose_decode_attention()
         self.decode_one_thread_max_keys = self._choose_decode_one_thread()
         self._decode_graphs = self._choose_decode_graphs()

@@ -45,7 +45,7 @@ def _attrs(path: str, owner: str, names: str) -> tuple[UsedMember, ...]:
 
 _SCHEDULER_ATTRS = (
     "requests waiting running kv_holding_waiting kv_cache_manager scheduler_config "
-    "block_size max_model_len max_num_scheduled_tokens"
+    "block_size max_model_len max_num_scheduled_tokens max_num_running_reqs"
 )
 _REQUEST_ATTRS = (
     "request_id num_prompt_tokens max_tokens num_computed_tokens output_token_ids status "

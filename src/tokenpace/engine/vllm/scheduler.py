@@ -235,6 +235,7 @@ class TokenpaceScheduler(Scheduler):  # type: ignore[misc]
             num_free_blocks=self.num_free_blocks,
             num_total_blocks=self.num_total_blocks,
             block_size=self.block_size,
+            max_running=int(self.max_num_running_reqs),
         )
 
     def _mirror_preemptions(self) -> None:

@@ -59,9 +59,11 @@ def run_gate(
     block_size: int,
     remaining_of: RemainingOf = _budget_left,
     reservation: KvReservation | None = None,
+    room: int | None = None,
 ) -> GateOutcome:
-    """Admit candidates in rank order while ``K + r <= H``, the KV guard passes and (when
-    given) the predicted KV footprint fits the ``reservation``.
+    """Admit candidates in rank order while ``K + r <= H``, the KV guard passes, (when
+    given) the predicted KV footprint fits the ``reservation`` and fewer than ``room``
+    requests have been admitted in all (the engine's free request slots).
 
     ``r`` is the candidate's expected remaining output (``remaining_of``; by default
     max_tokens minus tokens already produced) and its footprint is prompt + produced + r.
@@ -71,6 +73,8 @@ def run_gate(
     KV guard.
     """
     for request in candidates:
+        if room is not None and len(outcome.admitted) >= room:
+            return outcome
         remaining = remaining_of(request)
         final = request.num_tokens + remaining
         footprint = math.ceil(final / block_size)

@@ -97,12 +97,17 @@ class TwpPolicy:
         outcome = GateOutcome(token_load=token_load, num_free_blocks=state.num_free_blocks)
         forced_ids: list[int] = []
         waiting = state.waiting
-        if len(waiting):
+        limit = state.running_limit()
+        # The engine's free request slots, which bind forced admissions too.
+        room = None if limit is None else max(0, limit - len(running))
+        if len(waiting) and room != 0:
             # (4a) force-admit starving requests (queue order), bypassing the window and d_kv.
             forced = starving_positions(waiting, state.step_index, cfg.t_max_steps)
             for request in waiting.iter_at(forced):
                 need = state.blocks_for(request.num_tokens)
                 expected = self.expected.remaining_of(request)
+                if room is not None and len(outcome.admitted) >= room:
+                    break
                 if need > outcome.num_free_blocks or not _reserves(
                     reservation, request, outcome.idle
                 ):
@@ -126,7 +131,7 @@ class TwpPolicy:
                 )  # fmt: skip
                 run_gate(
                     candidates, outcome, window, self.kv_guard, state.block_size,
-                    self.expected.remaining_of, reservation,
+                    self.expected.remaining_of, reservation, room,
                 )  # fmt: skip
         self.expected.admitted(outcome.admitted)
         self._token_load = outcome.token_load

@@ -113,6 +113,10 @@ class TwpSloPolicy:
             running, state.step_index, columns.request_ids, columns.produced, columns.prompts
         )
         capacity = self.window.capacity()
+        # The engine's own bound on requests held binds forced admissions too.
+        limit = state.running_limit()
+        if limit is not None:
+            capacity = min(capacity, limit)
 
         # Decoding requests compute one token; the prefilling ones share the budget.
         prefilling_at = columns.prefilling_positions()
@@ -155,7 +159,8 @@ class TwpSloPolicy:
                 idle = not running and not admitted
                 tokens = self._chunk(request)
                 if (
-                    tokens == 0
+                    (limit is not None and len(running) + len(admitted) >= limit)
+                    or tokens == 0
                     or need > free
                     or not (reservation is None or idle or reservation.admits(request))
                 ):
