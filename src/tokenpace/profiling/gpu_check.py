@@ -73,8 +73,14 @@ class GpuCheckConfig:
         "The native engine (model, device, precision, KV limits).",
     )
     sweep: SweepConfig = option(
-        SweepConfig(batch_sizes=(1, 2, 4, 8, 16, 32, 48, 64, 96, 128)),
-        "The profiling sweep (batch sizes reach max_num_seqs: a GPU's flat region is wide).",
+        SweepConfig(
+            batch_sizes=(1, 2, 4, 8, 16, 32, 48, 64, 96, 128),
+            prefill_chunks=(16, 64, 256, 512, 1024, 1536),
+        ),
+        "The profiling sweep. Batch sizes reach max_num_seqs and prefill chunks reach "
+        "twp_slo's prefill budget: a GPU's flat region is wide (on an H200 a 3B model's "
+        "chunks of 16-256 tokens all took about one decode step), so only long chunks show "
+        "the per-token cost.",
     )
     max_requests: int = option(250, "Requests per scheduler run (the paper's 250).")
     schedulers: tuple[str, ...] = option(SCHEDULERS, "Policies compared, TWP first.")
