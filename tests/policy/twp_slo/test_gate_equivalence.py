@@ -4,6 +4,7 @@ kept here and compared, for the policy and each ablation, on snapshots full of t
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -20,7 +21,7 @@ from tokenpace.core.queue import WaitingQueue
 from tokenpace.core.request import Request
 from tokenpace.core.running import RunningColumns
 from tokenpace.core.step import StepPlan, StepState
-from tokenpace.engine.profile import load_profile
+from tokenpace.engine.profile import EngineProfile, load_profile
 from tokenpace.metrics.slo import Slo
 from tokenpace.policy.twp_slo.config import TwpSloConfig
 from tokenpace.policy.twp_slo.deadline import DeferralLoop, compiled_deferrals, deadline_order
@@ -79,6 +80,10 @@ def reference_deferral_keys(
 class ReferenceTwpSlo(TwpSloPolicy):
     """twp_slo keying every waiting request and sorting them all, every step."""
 
+    def __init__(self, config: TwpSloConfig, profile: EngineProfile) -> None:
+        super().__init__(config, profile)
+        self.still_forced: set[int] = set()
+
     def plan(self, state: StepState) -> StepPlan:
         cfg = self.config
         self.kv_guard.update(state.num_total_blocks - state.num_free_blocks, state.num_total_blocks)
@@ -112,6 +117,12 @@ class ReferenceTwpSlo(TwpSloPolicy):
         forced: list[int] = []
         free = state.num_free_blocks
         waiting = state.waiting
+        # Force-admitted requests running ever since hold at most max_forced_share of the
+        # window's slots (at least one).
+        self.still_forced = {r.request_id for r in state.running} & self.still_forced
+        forced_slots = len(waiting)
+        if cfg.max_forced_share < 1:
+            forced_slots = max(1, math.floor(cfg.max_forced_share * capacity))
         if len(waiting):
             waited = state.step_index - waiting.enqueued_step
             forced_positions = np.flatnonzero(waited >= cfg.max_wait_steps)
@@ -120,7 +131,8 @@ class ReferenceTwpSlo(TwpSloPolicy):
                 idle = not state.running and not admitted
                 tokens = self._chunk(request)
                 if (
-                    not tokens
+                    len(self.still_forced) + len(forced) >= forced_slots
+                    or not tokens
                     or need > free
                     or not (reservation is None or idle or reservation.admits(request))
                 ):
@@ -132,7 +144,9 @@ class ReferenceTwpSlo(TwpSloPolicy):
                     reservation.add(request)
                 scheduled[request.request_id] = tokens
                 chunks.append((tokens, request.num_computed_tokens))
-            skip = set(forced_positions.tolist())
+            self.still_forced |= set(forced)
+            # Starving requests not force-admitted rank with the rest.
+            skip = set(forced_positions[: len(forced)].tolist())
             keys = self._reference_keys(state, budget, skip, late)
             order = [int(i) for i in np.argsort(-keys, kind="stable") if i not in skip]
             for request in waiting.iter_at(order):

@@ -240,6 +240,35 @@ def test_a_late_prefill_in_the_system_for_max_wait_steps_yields_no_more(
     assert plan.num_scheduled_tokens[0] == 145 and plan.admit_ids == ()
 
 
+def test_forced_admissions_hold_at_most_their_share_of_the_window(
+    paper_profile: EngineProfile,
+) -> None:
+    def policy_with(share: float) -> TwpSloPolicy:
+        cfg = config(paper_profile, max_wait_steps=10, max_forced_share=share)
+        return TwpSloPolicy(cfg, paper_profile)
+
+    # Forty requests 30 s late (starving, small prompts), one on time.
+    starving = [request(i, prompt=20, arrival_s=-30.0) for i in range(40)]
+    on_time = request(99, prompt=20, arrival_s=0.9, enqueued_step=10)
+    policy = policy_with(0.25)
+    plan = policy.plan(state([*starving, on_time], now_s=1.0, step_index=10))
+    capacity = policy.window.capacity()
+    slots = int(0.25 * capacity)
+    assert len(plan.admit_ids) == capacity < 40
+    assert sorted(plan.forced_ids) == list(range(slots))  # queue order
+    # The on-time request goes first among the rest, then starving ones past the share,
+    # behind it, while the window has room.
+    assert plan.admit_ids[slots:] == (99, *range(slots, capacity - 1))
+    # Next step, the window full: the forced ones still run and hold the whole share, so
+    # nobody more is forced past the window.
+    held = [running(i, 20, 16, 1) for i in plan.admit_ids]
+    left = [r for r in starving if r.request_id not in plan.admit_ids]
+    assert not policy.plan(state(left, held, now_s=1.1, step_index=11)).forced_ids
+    # A share of 1 bounds nothing: forced admissions take every slot they can pay for.
+    unbounded = policy_with(1.0).plan(state([*starving, on_time], now_s=1.0, step_index=10))
+    assert len(unbounded.forced_ids) > slots and 99 not in unbounded.admit_ids
+
+
 def test_deadline_ranking_puts_feasible_first_least_slack_first(
     paper_profile: EngineProfile,
 ) -> None:

@@ -40,9 +40,11 @@ class TwpSloPolicy:
 
     Per step: (1) monitor ITL and KV consumption; (2) move the request window toward the
     batch at which ITL meets the target (``window.py``); (3) rank waiting requests by TTFT
-    feasibility (``deadline.py``); (4) force-admit requests that waited ``max_wait_steps``,
-    then admit in rank order while the batch is below the window, the KV guard passes and
-    prefill budget remains, closing at the first failure; (5) spend the step's prefill budget
+    feasibility (``deadline.py``); (4) force-admit requests that waited ``max_wait_steps``
+    (queue order) while force-admitted requests hold fewer than ``max_forced_share`` of the
+    window's slots, then admit the rest in rank order (a request past ``max_wait_steps``
+    ranks as the late one it is) while the batch is below the window, the KV guard passes
+    and prefill budget remains, closing at the first failure; (5) spend the step's prefill budget
     (``PrefillBudget``: the ITL target minus the decode batch's predicted latency, paid at the
     profile's per-token and attention costs; ``max_prefill_tokens`` when nothing decodes) on
     the prefilling requests in admission order, then on the admitted ones in rank order, so
@@ -84,6 +86,9 @@ class TwpSloPolicy:
         # the profile's noise: the step noise while serving (``step_noise_cv``).
         self._noise_var = profile.noise_cv**2
         self._num_forced = 0
+        # Requests force-admitted and running ever since (pruned to the running ones at every
+        # step).
+        self._forced_running: set[int] = set()
         # Means of the admitted requests' prompt tokens and max_tokens (None before any).
         self._mean_prompt: float | None = None
         self._mean_cap = 0.0
@@ -140,26 +145,31 @@ class TwpSloPolicy:
         forced: list[int] = []
         free = state.num_free_blocks
         waiting = state.waiting
+        held_forced = self._held_forced(columns.request_ids)
         rejections: tuple[Rejection, ...] = ()
         if cfg.early_reject and len(waiting):
             remaining = self.expected.remaining_for(columns.prompts, columns.produced, columns.caps)
             rejections = self._rejections(state, remaining, capacity)
         if len(waiting):
             forced_positions = starving_positions(waiting, state.step_index, cfg.max_wait_steps)
-            excluded = forced_positions
+            gone = np.empty(0, dtype=np.intp)
             if rejections:
                 # Rejected requests are neither forced nor candidates.
                 gone = np.flatnonzero(
                     np.isin(waiting.request_ids, [r.request_id for r in rejections])
                 )
                 forced_positions = forced_positions[~np.isin(forced_positions, gone)]
-                excluded = np.union1d(forced_positions, gone)
+            forced_room = len(waiting)  # a share of 1: no bound, past the window too
+            if cfg.max_forced_share < 1:
+                forced_slots = max(1, math.floor(cfg.max_forced_share * capacity))
+                forced_room = forced_slots - held_forced
             for request in waiting.iter_at(forced_positions):
                 need = state.blocks_for(request.num_tokens)
                 idle = not running and not admitted
                 tokens = self._chunk(request)
                 if (
-                    (limit is not None and len(running) + len(admitted) >= limit)
+                    len(forced) >= forced_room
+                    or (limit is not None and len(running) + len(admitted) >= limit)
                     or tokens == 0
                     or need > free
                     or not (reservation is None or idle or reservation.admits(request))
@@ -172,6 +182,9 @@ class TwpSloPolicy:
                     reservation.add(request)
                 scheduled[request.request_id] = tokens
                 prefill_ms += budget.cost_ms(tokens, request.num_computed_tokens)
+            self._forced_running.update(forced)
+            # The force-admitted ones are a prefix of forced_positions.
+            excluded = np.union1d(forced_positions[: len(forced)], gone)
             # The gate's room and budget tests do not depend on the candidate (a fresh
             # request's first chunk starts at context 0), and its KV test is monotone in the
             # footprint: when the first candidate fails whoever it is, nothing is admitted
@@ -260,11 +273,17 @@ class TwpSloPolicy:
                 cost_ms += self.budget.cost_ms(tokens, request.num_computed_tokens)
         return cost_ms
 
+    def _held_forced(self, running_ids: Sequence[int]) -> int:
+        """How many running requests were force-admitted (the record pruned to them)."""
+        if self._forced_running:
+            self._forced_running.intersection_update(running_ids)
+        return len(self._forced_running)
+
     def _late_prefills(self, prefilling: Sequence[Request], state: StepState) -> list[Request]:
         """The prefilling requests that yield the budget this step (``use_late_yield``, with
         the deadline ranking): those without a first token that can no longer meet the TTFT
         objective (``_is_late`` on their uncomputed prompt) and have been in the system
-        fewer than ``max_wait_steps`` steps, the bound on any wait. Their first token is
+        fewer than ``max_wait_steps`` steps, the force-admission bound. Their first token is
         late whatever happens; the budget they leave goes to requests still on time."""
         cfg = self.config
         if not (cfg.use_late_yield and cfg.use_deadline_ranking):
@@ -513,6 +532,7 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "twp_slo-no_deferral": {"use_deferral": False},
     "twp_slo-no_late_yield": {"use_late_yield": False},
     "twp_slo-no_balance_floor": {"use_balance_floor": False},
+    "twp_slo-unbounded_forced": {"max_forced_share": 1.0},
 }
 # Opt-in changes, off in ``twp_slo`` itself: each variant switches one on.
 OPT_INS: dict[str, dict[str, Any]] = {
