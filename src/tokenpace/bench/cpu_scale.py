@@ -94,13 +94,28 @@ def main_load_factor(reference: EngineProfile) -> float:
     return REFERENCE_PROFILE_RATE_PER_S / capacity
 
 
-def cpu_main(engine: EngineProfile, reference: EngineProfile) -> PoissonWorkload:
-    """``main`` (see the module docstring): 60 requests on ``engine`` as it is."""
+def cpu_main(
+    engine: EngineProfile, reference: EngineProfile, num_requests: int = NUM_REQUESTS
+) -> PoissonWorkload:
+    """``main`` (see the module docstring): ``num_requests`` on ``engine`` as it is."""
     main_capacity = pool_capacity_rps(engine, PAPER_PROMPT_LENGTHS, PAPER_OUTPUT_LENGTHS, 1)
     main_rate = main_load_factor(reference) * main_capacity
     return PoissonWorkload(
-        name="main", rate_per_s=main_rate, duration_s=NUM_REQUESTS / main_rate * 2,
-        max_requests=NUM_REQUESTS,
+        name="main", rate_per_s=main_rate, duration_s=num_requests / main_rate * 2,
+        max_requests=num_requests,
+    )  # fmt: skip
+
+
+def cpu_high(
+    engine: EngineProfile, knee: Knee, num_requests: int = NUM_REQUESTS
+) -> PoissonWorkload:
+    """``high`` (see the module docstring): ``num_requests`` at 1.2x ``knee`` of the scenario
+    mixtures on ``engine``."""
+    high_rate = load_factor("high") * knee(engine, SCENARIO_PROMPT_LENGTHS, SCENARIO_OUTPUT_LENGTHS)
+    return PoissonWorkload(
+        name="high", rate_per_s=high_rate, duration_s=num_requests / high_rate * 2,
+        max_requests=num_requests, prompt_lengths=SCENARIO_PROMPT_LENGTHS,
+        output_lengths=SCENARIO_OUTPUT_LENGTHS,
     )  # fmt: skip
 
 
@@ -109,15 +124,7 @@ def cpu_workloads(
 ) -> tuple[PoissonWorkload, ...]:
     """``main`` and ``high`` (see the module docstring): both stop at 60 requests and run on
     ``engine`` as it is; ``high`` at 1.2x ``knee`` of its mixtures."""
-    high_rate = load_factor("high") * knee(engine, SCENARIO_PROMPT_LENGTHS, SCENARIO_OUTPUT_LENGTHS)
-    return (
-        cpu_main(engine, reference),
-        PoissonWorkload(
-            name="high", rate_per_s=high_rate, duration_s=NUM_REQUESTS / high_rate * 2,
-            max_requests=NUM_REQUESTS, prompt_lengths=SCENARIO_PROMPT_LENGTHS,
-            output_lengths=SCENARIO_OUTPUT_LENGTHS,
-        ),
-    )  # fmt: skip
+    return cpu_main(engine, reference), cpu_high(engine, knee)
 
 
 def _mean_footprint(prompts: LengthMixture, outputs: LengthMixture) -> float:

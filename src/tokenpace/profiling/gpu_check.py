@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenpace.bench.cpu_scale import main_load_factor, simulated_knee
+from tokenpace.bench.cpu_scale import cpu_high, cpu_main, simulated_knee
 from tokenpace.cli.command import run_command
 from tokenpace.cli.spec import UsageError
 from tokenpace.core.cache import default_cache_dir
@@ -38,21 +38,12 @@ from tokenpace.engine.native.probe import NativeProbe
 from tokenpace.engine.profile import EngineProfile, load_profile
 from tokenpace.metrics.run_metrics import RunKey, summarize_run
 from tokenpace.metrics.slo import Slo
-from tokenpace.pool.capacity import pool_capacity_rps
 from tokenpace.profiling.run import run_profile
 from tokenpace.profiling.sweep import SweepConfig, measure_read_bandwidth_gb_s
 from tokenpace.runtime.replay import replay
 from tokenpace.server.worker.native_backend import StepLoopBackend
-from tokenpace.workload.main_experiment import (
-    PAPER_OUTPUT_LENGTHS,
-    PAPER_PROMPT_LENGTHS,
-    PoissonWorkload,
-)
-from tokenpace.workload.scenarios import (
-    SCENARIO_OUTPUT_LENGTHS,
-    SCENARIO_PROMPT_LENGTHS,
-    load_factor,
-)
+from tokenpace.workload.main_experiment import PoissonWorkload
+from tokenpace.workload.scenarios import load_factor
 from tokenpace.workload.spec import with_known_lengths
 
 REFERENCE_PROFILE = "v100-llama-3.2-3b"
@@ -150,39 +141,6 @@ def run_schedulers(
         )
         on_run(name, runs[name])
     return runs
-
-
-def high_workload(profile: EngineProfile, config: GpuCheckConfig) -> tuple[PoissonWorkload, float]:
-    """The ``high`` scenario's mixtures at its load factor (1.2) times the engine's knee
-    (``simulated_knee`` on ``profile``, as ``bench --engine native`` sizes it), and the
-    knee (req/s)."""
-    knee = simulated_knee(config.slo, None)(
-        profile, SCENARIO_PROMPT_LENGTHS, SCENARIO_OUTPUT_LENGTHS
-    )
-    rate = load_factor("high") * knee
-    workload = PoissonWorkload(
-        name="high",
-        rate_per_s=rate,
-        duration_s=2 * config.high_requests / rate,
-        max_requests=config.high_requests,
-        prompt_lengths=SCENARIO_PROMPT_LENGTHS,
-        output_lengths=SCENARIO_OUTPUT_LENGTHS,
-    )
-    return workload, knee
-
-
-def main_workload(profile: EngineProfile, config: GpuCheckConfig) -> PoissonWorkload:
-    """The paper's main experiment at the same multiple of ``profile``'s capacity as the
-    paper's 18 req/s on the reference profile."""
-    reference = load_profile(REFERENCE_PROFILE)
-    capacity = pool_capacity_rps(profile, PAPER_PROMPT_LENGTHS, PAPER_OUTPUT_LENGTHS, 1)
-    rate = main_load_factor(reference) * capacity
-    return PoissonWorkload(
-        name="main",
-        rate_per_s=rate,
-        duration_s=2 * config.max_requests / rate,
-        max_requests=config.max_requests,
-    )
 
 
 def compare_decode_graphs(
@@ -297,7 +255,9 @@ def gpu_check(config: GpuCheckConfig, out_dir: Path, log: Log) -> dict[str, Any]
     log(f"batch-1 step {single.step_ms:.2f} ms, roofline {roofline_ms:.2f} ms")
     graph_sweep = replace(config.sweep, steps_per_point=8)
     graphs = compare_decode_graphs(engine, graph_sweep, config.graph_batches, log)
-    workload = main_workload(profile, config)
+    # The paper's main experiment at the same multiple of the profile's capacity as the
+    # paper's 18 req/s on the reference profile.
+    workload = cpu_main(profile, load_profile(REFERENCE_PROFILE), config.max_requests)
     summary: dict[str, Any] = {
         "check": "gpu_check",
         "complete": False,
@@ -337,26 +297,28 @@ def gpu_check(config: GpuCheckConfig, out_dir: Path, log: Log) -> dict[str, Any]
         summary["wall_s"] = round(time.perf_counter() - start, 1)
         (out_dir / "result.json").write_text(json.dumps(summary, indent=2) + "\n")
 
-    def record(name: str, run: dict[str, Any]) -> None:
-        summary["schedulers"][name] = _brief(run)
-        save()
-
-    save()
-    run_schedulers(backend, profile, workload, config, log, record)
-    if config.high_requests > 0:
-        high, knee = high_workload(profile, config)
-        summary["high"] = {
-            "knee_rps": round(knee, 2),
-            "rate_per_s": round(high.rate_per_s, 2),
-            "n_requests": config.high_requests,
-            "schedulers": {},
-        }
-
-        def record_high(name: str, run: dict[str, Any]) -> None:
-            summary["high"]["schedulers"][name] = _brief(run)
+    def recorder(runs: dict[str, Any]) -> Callable[[str, dict[str, Any]], None]:
+        def record(name: str, run: dict[str, Any]) -> None:
+            runs[name] = _brief(run)
             save()
 
-        run_schedulers(backend, profile, high, config, log, record_high, config.high_schedulers)
+        return record
+
+    save()
+    run_schedulers(backend, profile, workload, config, log, recorder(summary["schedulers"]))
+    if config.high_requests > 0:
+        # As ``bench --engine native`` sizes it: 1.2x the knee simulated on the profile.
+        high = cpu_high(profile, simulated_knee(config.slo, None), config.high_requests)
+        high_runs: dict[str, Any] = {}
+        summary["high"] = {
+            "knee_rps": round(high.rate_per_s / load_factor("high"), 2),
+            "rate_per_s": round(high.rate_per_s, 2),
+            "n_requests": config.high_requests,
+            "schedulers": high_runs,
+        }
+        run_schedulers(
+            backend, profile, high, config, log, recorder(high_runs), config.high_schedulers
+        )
     summary["complete"] = True
     summary["decode_graphs"] = engine.decode_graphs
     summary["wall_s"] = round(time.perf_counter() - start, 1)
