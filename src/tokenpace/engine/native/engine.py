@@ -581,12 +581,13 @@ class NativeEngine(BlockAccountedEngine):
                 ids = torch.tensor(token_ids, dtype=torch.long, device=device)
                 at = torch.tensor(positions, dtype=torch.long, device=device)
                 graphs = self._decode_graphs
-                rows = torch.tensor(sample_rows, dtype=torch.long, device=device)
                 if graphs is not None and graphs.covers(len(token_ids)):
+                    # A decode-only step samples every row in order: no rows to pick.
                     every_row = sample_rows == list(range(len(token_ids)))
-                    fused = graphs(ids, at, layout, None if every_row else rows)
+                    rows = None if every_row else _device_rows(sample_rows, device)
+                    fused = graphs(ids, at, layout, rows)
                 else:
-                    fused = self._fused(ids, at, rows, layout)
+                    fused = self._fused(ids, at, _device_rows(sample_rows, device), layout)
                 if device.type != "cpu":
                     return fused
                 with self.small_ops.one_thread(fused.numel()):
@@ -601,6 +602,10 @@ class NativeEngine(BlockAccountedEngine):
             )
         logits: torch.Tensor = out.logits[0]
         return logits.float().cpu() if device.type == "cpu" else logits
+
+
+def _device_rows(rows: list[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor(rows, dtype=torch.long, device=device)
 
 
 class _HostRows:
