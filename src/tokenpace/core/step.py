@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import overload
 
 from tokenpace.core.queue import WaitingQueue
 from tokenpace.core.request import Request
@@ -34,6 +35,12 @@ class StepState:
     block_size: int
     running_columns: RunningColumns | None = None
     max_running: int | None = None
+
+    @overload
+    def running_limit(self, own: int) -> int: ...
+
+    @overload
+    def running_limit(self, own: None = None) -> int | None: ...
 
     def running_limit(self, own: int | None = None) -> int | None:
         """The tighter of a policy's ``own`` bound on running requests and the engine's

@@ -83,7 +83,6 @@ def plan_with_budget(
     num_running = len(state.running)
     waiting = state.waiting
     max_num_seqs = state.running_limit(bounds.max_num_seqs)
-    assert max_num_seqs is not None
     for position in waiting_order:
         if budget == 0 or num_running + len(admitted) >= max_num_seqs:
             break

@@ -50,7 +50,6 @@ class DynamicBatchPolicy:
         free = state.num_free_blocks
         admitted: list[Request] = []
         cap = state.running_limit(self._cap)
-        assert cap is not None
         for request in state.waiting:
             if len(state.running) + len(admitted) >= cap:
                 break

@@ -104,10 +104,10 @@ class TwpPolicy:
             # (4a) force-admit starving requests (queue order), bypassing the window and d_kv.
             forced = starving_positions(waiting, state.step_index, cfg.t_max_steps)
             for request in waiting.iter_at(forced):
-                need = state.blocks_for(request.num_tokens)
-                expected = self.expected.remaining_of(request)
                 if room is not None and len(outcome.admitted) >= room:
                     break
+                need = state.blocks_for(request.num_tokens)
+                expected = self.expected.remaining_of(request)
                 if need > outcome.num_free_blocks or not _reserves(
                     reservation, request, outcome.idle
                 ):
