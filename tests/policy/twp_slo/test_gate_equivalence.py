@@ -129,13 +129,15 @@ class ReferenceTwpSlo(TwpSloPolicy):
             for request in waiting.iter_at(forced_positions):
                 need = state.blocks_for(request.num_tokens)
                 idle = not state.running and not admitted
-                tokens = self._chunk(request)
                 if (
                     len(self.still_forced) + len(forced) >= forced_slots
-                    or not tokens
                     or need > free
                     or not (reservation is None or idle or reservation.admits(request))
                 ):
+                    break
+                # Priced only once admitted: one left waiting spends no budget.
+                tokens = self._chunk(request)
+                if not tokens:
                     break
                 free -= need
                 admitted.append(request)

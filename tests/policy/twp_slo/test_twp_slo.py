@@ -269,6 +269,25 @@ def test_forced_admissions_hold_at_most_their_share_of_the_window(
     assert len(unbounded.forced_ids) > slots and 99 not in unbounded.admit_ids
 
 
+def test_a_starving_request_left_waiting_by_the_share_spends_no_prefill_budget(
+    paper_profile: EngineProfile,
+) -> None:
+    cfg = config(paper_profile, max_wait_steps=10, max_forced_share=0.01)  # one slot
+    policy = TwpSloPolicy(cfg, paper_profile)
+    first = request(0, prompt=20, arrival_s=-30.0)
+    assert policy.plan(state([first], now_s=1.0, step_index=10)).forced_ids == {0}
+    # Next step the forced one decodes and holds the share; another starving request
+    # (a long prompt) heads the queue, an on-time one behind it. The starving one is not
+    # forced, so the on-time one gets its whole prompt from the budget (about 140 tokens
+    # beside 21 decoding requests), not what is left after pricing the starving one.
+    decoding = [running(0, 20, 16, 1), *(running(100 + i, 10, 500, 1) for i in range(20))]
+    starving = request(1, prompt=1000, arrival_s=-30.0)
+    on_time = request(2, prompt=100, arrival_s=1.0, enqueued_step=11)
+    plan = policy.plan(state([starving, on_time], decoding, now_s=1.1, step_index=11))
+    assert not plan.forced_ids
+    assert plan.admit_ids[0] == 2 and plan.num_scheduled_tokens[2] == 100
+
+
 def test_deadline_ranking_puts_feasible_first_least_slack_first(
     paper_profile: EngineProfile,
 ) -> None:

@@ -166,14 +166,17 @@ class TwpSloPolicy:
             for request in waiting.iter_at(forced_positions):
                 need = state.blocks_for(request.num_tokens)
                 idle = not running and not admitted
-                tokens = self._chunk(request)
                 if (
                     len(forced) >= forced_room
                     or (limit is not None and len(running) + len(admitted) >= limit)
-                    or tokens == 0
                     or need > free
                     or not (reservation is None or idle or reservation.admits(request))
                 ):
+                    break
+                # Granted only once every other test has passed: a request left waiting
+                # spends none of the step's budget.
+                tokens = self._chunk(request)
+                if tokens == 0:
                     break
                 free -= need
                 admitted.append(request)
