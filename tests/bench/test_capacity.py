@@ -15,6 +15,7 @@ from tokenpace.bench.capacity import (
     RateSample,
     cached_capacity,
     find_capacity,
+    paced_ceiling,
     throughput_ceiling_rps,
 )
 from tokenpace.engine.profile import EngineProfile
@@ -69,6 +70,28 @@ def test_knee_of_a_constructed_profile_follows_littles_law(paper_profile: Engine
         1000 / (40 * 530 / 256), rel=0.01
     )
     assert found.ceiling_rps > found.knee_rps
+
+
+def test_the_paced_ceiling_is_the_largest_batch_whose_step_fits_the_tpot_objective(
+    paper_profile: EngineProfile,
+) -> None:
+    # l(B) = 18 + 2 B ms, free prefill: the step fits 50 ms up to B = 16, which decodes
+    # 16 tokens per 50 ms (320 tok/s), 8 requests/s of 40 tokens each.
+    profile = constructed_profile(paper_profile)
+    free = paced_ceiling(problem(profile))
+    assert free.batch == 16 and free.step_ms == pytest.approx(50.0)
+    assert free.tok_s == pytest.approx(320.0) and free.rps == pytest.approx(8.0)
+    # Prompts of 16 tokens at 0.5 ms each: the B / 40 replacements a step add 0.2 B ms,
+    # so 18 + 2.2 B <= 50 holds up to B = 14 (a 48.8 ms step).
+    paced = paced_ceiling(problem(replace(profile, prefill_ms_per_token=0.5)))
+    assert paced.batch == 14 and paced.step_ms == pytest.approx(48.8)
+    assert paced.tok_s == pytest.approx(14 * 1000 / 48.8)
+    # A single request that overruns the objective: nothing is served within it.
+    slow = paced_ceiling(problem(replace(profile, l_min_ms=60.0)))
+    assert (slow.batch, slow.rps, slow.tok_s) == (0, 0.0, 0.0)
+    # Found capacities carry it.
+    found = find_capacity(problem(profile), 2.0)
+    assert found.paced_ceiling_rps == pytest.approx(8.0)
 
 
 def test_capacity_is_cached_per_problem(paper_profile: EngineProfile, tmp_path: Path) -> None:

@@ -17,6 +17,15 @@ Definitions (written into every bench report):
   attention over the batch's mean context; expectations are taken over ``ceiling_samples``
   requests drawn from the workload. (A simulated saturation run cannot show it within an
   arrival window: at the largest batch a request takes tens of seconds to finish.)
+- **Paced ceiling**: the steady-state service rate when every step stays within the TPOT
+  objective, an upper bound on what a scheduler that holds every inter-token gap within
+  the objective can serve. Each container decodes the largest batch B whose step fits in
+  the objective together with the prompts of the B / E[out] requests that replace the
+  finishing ones each step: Eq. 2's l(B), the decode attention over the batch's mean
+  context, and those prompts' prefill (the latency model's one-chunk cost, averaged over
+  the same ``ceiling_samples`` requests); the mixing and per-chunk costs are left out, so
+  it errs high. Reported in requests/s and in output tokens/s (B / step). Without a TPOT
+  objective it is the ceiling.
 
 Results are cached on disk per (profile, pool size, workload mixture, SLO, search
 settings), so a bench pays the search once per machine.
@@ -102,6 +111,9 @@ class Capacity:
     concurrency_per_container: float
     attainment_at_knee: float
     num_evaluations: int
+    # Computed from the profile, never read from a cache (``with_paced_ceiling``).
+    paced_ceiling_rps: float = 0.0
+    paced_ceiling_tok_s: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -229,20 +241,83 @@ def find_capacity(
             high = middle
     knee = samples[low]
     concurrency = low * knee.mean_e2e_s / problem.num_containers
-    return Capacity(low, throughput_ceiling_rps(problem), concurrency, knee.attainment,
-                    len(samples))  # fmt: skip
+    capacity = Capacity(low, throughput_ceiling_rps(problem), concurrency, knee.attainment,
+                        len(samples))  # fmt: skip
+    return with_paced_ceiling(capacity, problem)
+
+
+def _ceiling_specs(problem: KneeProblem) -> list[RequestSpec]:
+    """The ``ceiling_samples`` requests the ceilings take their expectations over (a fixed
+    stream: the same requests every time)."""
+    duration = problem.search.ceiling_samples / problem.workload.rate_per_s
+    workload: Any = replace(  # type: ignore[type-var]
+        problem.workload, duration_s=duration, max_requests=problem.search.ceiling_samples
+    )
+    specs: list[RequestSpec] = workload.generate(np.random.default_rng([CACHE_VERSION, 2]))
+    if not specs:
+        raise ValueError("the workload drew no request to estimate the ceiling from")
+    return specs
+
+
+@dataclass(frozen=True, slots=True)
+class PacedCeiling:
+    """The paced ceiling of the module docstring: the batch per container, its step (ms)
+    and the pool's rates."""
+
+    batch: int
+    step_ms: float
+    rps: float
+    tok_s: float
+
+
+def paced_ceiling(problem: KneeProblem) -> PacedCeiling:
+    """The paced ceiling of the module docstring. A batch of 0 (rates 0) when even one
+    decoding request with its share of prefill overruns the objective."""
+    tpot_ms = problem.slo.tpot_ms
+    if tpot_ms is None:
+        rps = throughput_ceiling_rps(problem)
+        outputs = [s.true_output_tokens for s in _ceiling_specs(problem)]
+        return PacedCeiling(0, math.inf, rps, rps * float(np.mean(outputs)))
+    profile = problem.profile
+    model = LatencyModel(profile)
+    specs = _ceiling_specs(problem)
+    mean_prompt = float(np.mean([s.num_prompt_tokens for s in specs]))
+    mean_output = float(np.mean([s.true_output_tokens for s in specs]))
+    prefill_ms = float(np.mean([model.prefill_ms(PrefillChunk(s.num_prompt_tokens, 0))
+                                for s in specs]))  # fmt: skip
+    context = mean_prompt + mean_output / 2
+
+    def step_ms(batch: int) -> float:
+        attention = profile.decode_attention_ms_per_kctx * batch * context / 1000
+        return model.decode_ms(batch) + attention + batch / mean_output * prefill_ms
+
+    # The step grows with the batch: bisect for the largest that fits (and fits in KV).
+    low, high = 0, max(1, int(profile.num_gpu_blocks * profile.block_size / context))
+    if step_ms(high) <= tpot_ms:
+        low = high
+    while high - low > 1:
+        middle = (low + high) // 2
+        if step_ms(middle) <= tpot_ms:
+            low = middle
+        else:
+            high = middle
+    if low == 0:
+        return PacedCeiling(0, step_ms(1), 0.0, 0.0)
+    step = step_ms(low)
+    tok_s = problem.num_containers * low * 1000 / step
+    return PacedCeiling(low, step, tok_s / mean_output, tok_s)
+
+
+def with_paced_ceiling(capacity: Capacity, problem: KneeProblem) -> Capacity:
+    """``capacity`` with its paced ceiling computed for ``problem``."""
+    paced = paced_ceiling(problem)
+    return replace(capacity, paced_ceiling_rps=paced.rps, paced_ceiling_tok_s=paced.tok_s)
 
 
 def throughput_ceiling_rps(problem: KneeProblem) -> float:
     """The ceiling of the module docstring (requests/s)."""
     profile = problem.profile
-    duration = problem.search.ceiling_samples / problem.workload.rate_per_s
-    workload: Any = replace(  # type: ignore[type-var]
-        problem.workload, duration_s=duration, max_requests=problem.search.ceiling_samples
-    )
-    specs = workload.generate(np.random.default_rng([CACHE_VERSION, 2]))
-    if not specs:
-        raise ValueError("the workload drew no request to estimate the ceiling from")
+    specs = _ceiling_specs(problem)
     model = LatencyModel(profile)
     prompts = np.array([s.num_prompt_tokens for s in specs], dtype=float)
     outputs = np.array([s.true_output_tokens for s in specs], dtype=float)
@@ -271,7 +346,7 @@ def cached_capacity(
     path = cache_dir / f"capacity-{problem.cache_key()}.json" if cache_dir else None
     if path is not None and path.is_file():
         try:
-            return Capacity(**json.loads(path.read_text()))
+            return with_paced_ceiling(Capacity(**json.loads(path.read_text())), problem)
         except (ValueError, TypeError):
             pass  # a corrupt or outdated entry is recomputed
     capacity = find_capacity(problem, initial_guess_rps, evaluate)

@@ -122,6 +122,8 @@ def capacity_entry(capacity: Capacity, rate_rps: float) -> dict[str, float]:
     return {
         "knee_rps": capacity.knee_rps,
         "ceiling_rps": capacity.ceiling_rps,
+        "paced_ceiling_rps": capacity.paced_ceiling_rps,
+        "paced_ceiling_tok_s": capacity.paced_ceiling_tok_s,
         "rate_rps": rate_rps,
         "concurrency_per_container": capacity.concurrency_per_container,
         "attainment_at_knee": capacity.attainment_at_knee,

@@ -222,22 +222,36 @@ CAPACITY_METHOD = (
     "rate at the largest batch `vllm_default` holds (`max_num_seqs`, or what fits in KV), "
     "from the latency model, beyond which the queue grows without bound; a knee measured over "
     "a 20 s window can exceed it, because the window ends before a backlog built at that "
-    "rate breaks the TTFT objective for 10% of requests. Requests stop at their true output "
-    "length; schedulers see only the client's `max_tokens` (the mixture's largest length)."
+    "rate breaks the TTFT objective for 10% of requests. The **paced ceiling** is the "
+    "steady-state service rate when every step stays within the TPOT objective: each "
+    "container decodes the largest batch whose step, with the prompts of the requests that "
+    "replace the finishing ones, fits in the objective (the latency model without its mixing "
+    "and per-chunk costs, so it errs high); no scheduler that holds every inter-token gap "
+    "within the objective serves more, in requests or in output tokens per second. Requests "
+    "stop at their true output length; schedulers see only the client's `max_tokens` (the "
+    "mixture's largest length)."
 )
 
 
 def capacity_table(capacity: Mapping[str, Mapping[str, float]]) -> str:
     lines = [
-        "| Workload | Knee (req/s) | Ceiling (req/s) | Offered rate (req/s) | x knee | "
+        "| Workload | Knee (req/s) | Ceiling (req/s) | Paced ceiling (req/s) | "
+        "Paced ceiling (tok/s) | Offered rate (req/s) | x knee | "
         "Concurrency per container at knee |",
-        "|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, entry in capacity.items():
         knee = entry["knee_rps"]
+        # Entries written before the paced ceiling existed have none.
+        paced_rps, paced_tok_s = (
+            (f"{entry['paced_ceiling_rps']:.2f}", f"{entry['paced_ceiling_tok_s']:.0f}")
+            if "paced_ceiling_rps" in entry
+            else ("", "")
+        )
         lines.append(
-            f"| {name} | {knee:.2f} | {entry['ceiling_rps']:.2f} | {entry['rate_rps']:.2f} | "
-            f"{entry['rate_rps'] / knee:.2f} | {entry.get('concurrency_per_container', 0):.1f} |"
+            f"| {name} | {knee:.2f} | {entry['ceiling_rps']:.2f} | {paced_rps} | {paced_tok_s} | "
+            f"{entry['rate_rps']:.2f} | {entry['rate_rps'] / knee:.2f} | "
+            f"{entry.get('concurrency_per_container', 0):.1f} |"
         )
     return "\n".join(lines)
 
