@@ -7,6 +7,7 @@ from typing import Any
 from tokenpace.bench.report import (
     MISS_COLUMNS,
     TABLE_COLUMNS,
+    capacity_table,
     is_baseline,
     miss_table,
     twp_versus_baselines,
@@ -104,3 +105,14 @@ def test_the_miss_table_shows_each_schedulers_shares_when_every_run_has_them() -
     # Results written before the shares were reported: no table.
     del summary[1]["tpot_miss_share"]
     assert miss_table(summary, "high") == ""
+
+
+def test_the_capacity_table_states_the_paced_ceiling_where_an_entry_has_it() -> None:
+    entry = {"knee_rps": 28.2, "ceiling_rps": 35.1, "rate_rps": 33.9,
+             "concurrency_per_container": 33.7}  # fmt: skip
+    paced = {**entry, "paced_ceiling_rps": 25.33, "paced_ceiling_tok_s": 1660.9}
+    rows = capacity_table({"high": paced, "old": entry}).splitlines()
+    assert "Paced ceiling (req/s)" in rows[0] and "Paced ceiling (tok/s)" in rows[0]
+    assert rows[2] == "| high | 28.20 | 35.10 | 25.33 | 1661 | 33.90 | 1.20 | 33.7 |"
+    # An entry written before the paced ceiling existed leaves its cells empty.
+    assert rows[3] == "| old | 28.20 | 35.10 |  |  | 33.90 | 1.20 | 33.7 |"
