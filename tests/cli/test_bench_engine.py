@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from tokenpace.bench.capacity import KneeProblem, paced_ceiling
 from tokenpace.bench.cpu_scale import cpu_kv_pressure
 from tokenpace.cli.bench import plan_options
 from tokenpace.cli.bench_engine import bench_slo, real_engine_parts
@@ -72,6 +74,15 @@ def test_native_runs_main_high_and_kv_pressure_on_its_own_cache(
     high = fake_knee(plan.profile, high_workload.prompt_lengths, high_workload.output_lengths)
     assert high_workload.rate_per_s == pytest.approx(1.2 * high)
     assert f"`high` at {1.2 * high:.2f} req/s (1.2x its knee" in note
+    # Each workload's paced ceiling on the profile it runs on, against its offered rate.
+    for profile, workload in [(plan.profile, w) for w in main.workloads] + [
+        (kv.profile, kv.workload)
+    ]:
+        assert isinstance(workload, PoissonWorkload)
+        paced = paced_ceiling(KneeProblem(profile, 1, workload, plan.slo))
+        assert 0 < paced.rps < math.inf
+        assert f"`{workload.name}` {paced.rps:.2f} req/s" in note
+        assert f"against {workload.rate_per_s:.2f} req/s offered" in note
 
 
 @pytest.mark.usefixtures("knee_stub")

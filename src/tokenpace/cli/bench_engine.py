@@ -3,8 +3,10 @@ SLO they are judged by."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
+from tokenpace.bench.capacity import KneeProblem, paced_ceiling
 from tokenpace.bench.cpu_scale import (
     KV_PRESSURE_LENGTH_SCALE,
     KV_PRESSURE_OUTPUT_LENGTHS,
@@ -29,6 +31,7 @@ from tokenpace.metrics.slo import (
     tpot_scale,
     ttft_scale,
 )
+from tokenpace.workload.main_experiment import PoissonWorkload
 from tokenpace.workload.scenarios import KV_PRESSURE_BLOCKS
 
 
@@ -74,6 +77,23 @@ def kv_pressure_note(kv: CpuKvPressure, reference: EngineProfile) -> str:
     )
 
 
+def paced_ceilings_note(runs: Sequence[tuple[EngineProfile, PoissonWorkload]], slo: Slo) -> str:
+    """The report's paced ceilings (``bench.capacity.paced_ceiling``, one server) of each
+    (profile, workload) against its offered rate."""
+    cells = []
+    for profile, workload in runs:
+        paced = paced_ceiling(KneeProblem(profile, 1, workload, slo))
+        cells.append(
+            f"`{workload.name}` {paced.rps:.2f} req/s ({paced.tok_s:.0f} output tok/s) "
+            f"against {workload.rate_per_s:.2f} req/s offered"
+        )
+    return (
+        "Paced ceilings (the steady state with every step within the TPOT objective, on the "
+        "engine's profile: no scheduler that holds every inter-token gap within the "
+        "objective serves more): " + "; ".join(cells) + "."
+    )
+
+
 def real_engine_parts(options: BenchOptions, plan: PlanOptions) -> tuple[list[MatrixConfig], str]:
     """The single-server parts on a real engine at CPU scale (``bench.cpu_scale``): ``main``
     and ``high`` on the engine as it is, then (native engine only) ``kv_pressure`` on its
@@ -103,12 +123,15 @@ def real_engine_parts(options: BenchOptions, plan: PlanOptions) -> tuple[list[Ma
         f"{workloads[1].rate_per_s:.2f} req/s (1.2x its knee, measured on the simulator with "
         f"the engine's profile under this SLO), {NUM_REQUESTS} requests each.",
     ]
+    runs = [(profile, workload) for workload in workloads]
     if options.engine != "native":
         notes.append("`kv_pressure` runs on the native engine only (it resizes the KV cache).")
+        notes.append(paced_ceilings_note(runs, slo))
         return [part], " ".join(notes)
     kv = cpu_kv_pressure(profile, reference, knee)
     kv_part = replace(
         part, workloads=(kv.workload,), profile=kv.profile, kv_cache_tokens=kv.kv_cache_tokens
     )
     notes.append(kv_pressure_note(kv, reference))
+    notes.append(paced_ceilings_note([*runs, (kv.profile, kv.workload)], slo))
     return [part, kv_part], " ".join(notes)
