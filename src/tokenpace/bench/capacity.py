@@ -246,9 +246,23 @@ def find_capacity(
     return with_paced_ceiling(capacity, problem)
 
 
-def _ceiling_specs(problem: KneeProblem) -> list[RequestSpec]:
-    """The ``ceiling_samples`` requests the ceilings take their expectations over (a fixed
-    stream: the same requests every time)."""
+@dataclass(frozen=True, slots=True)
+class _CeilingMix:
+    """The expectations both ceilings take over the workload's ``ceiling_samples`` requests
+    (a fixed stream: the same requests every time): mean prompt and true output tokens, and
+    the latency model's one-chunk prefill of a prompt (ms)."""
+
+    prompt: float
+    output: float
+    prefill_ms: float
+
+    @property
+    def context(self) -> float:
+        """A decoding request's mean context: its prompt and half its output."""
+        return self.prompt + self.output / 2
+
+
+def _ceiling_mix(problem: KneeProblem, model: LatencyModel) -> _CeilingMix:
     duration = problem.search.ceiling_samples / problem.workload.rate_per_s
     workload: Any = replace(  # type: ignore[type-var]
         problem.workload, duration_s=duration, max_requests=problem.search.ceiling_samples
@@ -256,7 +270,19 @@ def _ceiling_specs(problem: KneeProblem) -> list[RequestSpec]:
     specs: list[RequestSpec] = workload.generate(np.random.default_rng([CACHE_VERSION, 2]))
     if not specs:
         raise ValueError("the workload drew no request to estimate the ceiling from")
-    return specs
+    prefill_ms = [model.prefill_ms(PrefillChunk(s.num_prompt_tokens, 0)) for s in specs]
+    return _CeilingMix(
+        prompt=float(np.mean([s.num_prompt_tokens for s in specs])),
+        output=float(np.mean([s.true_output_tokens for s in specs])),
+        prefill_ms=float(np.mean(prefill_ms)),
+    )
+
+
+def _decode_step_ms(model: LatencyModel, batch: int, context: float) -> float:
+    """A decode step of ``batch`` requests at ``context`` tokens each: Eq. 2 plus the decode
+    attention term."""
+    attention = model.profile.decode_attention_ms_per_kctx * batch * context / 1000
+    return model.decode_ms(batch) + attention
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,26 +299,19 @@ class PacedCeiling:
 def paced_ceiling(problem: KneeProblem) -> PacedCeiling:
     """The paced ceiling of the module docstring. A batch of 0 (rates 0) when even one
     decoding request with its share of prefill overruns the objective."""
-    tpot_ms = problem.slo.tpot_ms
-    if tpot_ms is None:
-        rps = throughput_ceiling_rps(problem)
-        outputs = [s.true_output_tokens for s in _ceiling_specs(problem)]
-        return PacedCeiling(0, math.inf, rps, rps * float(np.mean(outputs)))
     profile = problem.profile
     model = LatencyModel(profile)
-    specs = _ceiling_specs(problem)
-    mean_prompt = float(np.mean([s.num_prompt_tokens for s in specs]))
-    mean_output = float(np.mean([s.true_output_tokens for s in specs]))
-    prefill_ms = float(np.mean([model.prefill_ms(PrefillChunk(s.num_prompt_tokens, 0))
-                                for s in specs]))  # fmt: skip
-    context = mean_prompt + mean_output / 2
+    mix = _ceiling_mix(problem, model)
+    tpot_ms = problem.slo.tpot_ms
+    if tpot_ms is None:
+        rps = _throughput_ceiling_rps(problem, model, mix)
+        return PacedCeiling(0, math.inf, rps, rps * mix.output)
 
     def step_ms(batch: int) -> float:
-        attention = profile.decode_attention_ms_per_kctx * batch * context / 1000
-        return model.decode_ms(batch) + attention + batch / mean_output * prefill_ms
+        return _decode_step_ms(model, batch, mix.context) + batch / mix.output * mix.prefill_ms
 
     # The step grows with the batch: bisect for the largest that fits (and fits in KV).
-    low, high = 0, max(1, int(profile.num_gpu_blocks * profile.block_size / context))
+    low, high = 0, max(1, int(profile.num_gpu_blocks * profile.block_size / mix.context))
     if step_ms(high) <= tpot_ms:
         low = high
     while high - low > 1:
@@ -305,7 +324,7 @@ def paced_ceiling(problem: KneeProblem) -> PacedCeiling:
         return PacedCeiling(0, step_ms(1), 0.0, 0.0)
     step = step_ms(low)
     tok_s = problem.num_containers * low * 1000 / step
-    return PacedCeiling(low, step, tok_s / mean_output, tok_s)
+    return PacedCeiling(low, step, tok_s / mix.output, tok_s)
 
 
 def with_paced_ceiling(capacity: Capacity, problem: KneeProblem) -> Capacity:
@@ -316,22 +335,18 @@ def with_paced_ceiling(capacity: Capacity, problem: KneeProblem) -> Capacity:
 
 def throughput_ceiling_rps(problem: KneeProblem) -> float:
     """The ceiling of the module docstring (requests/s)."""
+    model = LatencyModel(problem.profile)
+    return _throughput_ceiling_rps(problem, model, _ceiling_mix(problem, model))
+
+
+def _throughput_ceiling_rps(problem: KneeProblem, model: LatencyModel, mix: _CeilingMix) -> float:
     profile = problem.profile
-    specs = _ceiling_specs(problem)
-    model = LatencyModel(profile)
-    prompts = np.array([s.num_prompt_tokens for s in specs], dtype=float)
-    outputs = np.array([s.true_output_tokens for s in specs], dtype=float)
-    prefill_ms = float(np.mean([model.prefill_ms(PrefillChunk(s.num_prompt_tokens, 0))
-                                for s in specs]))  # fmt: skip
     kv_tokens = profile.num_gpu_blocks * profile.block_size
-    fits = int(kv_tokens / float(np.mean(prompts + outputs)))
+    fits = int(kv_tokens / (mix.prompt + mix.output))
     batch = max(1, min(VllmDefaultConfig().max_num_seqs, fits))
-    mean_context = float(np.mean(prompts + outputs / 2))
-    step_ms = model.decode_ms(batch) + (
-        profile.decode_attention_ms_per_kctx * batch * mean_context / 1000
-    )
+    step_ms = _decode_step_ms(model, batch, mix.context)
     per_request_ms = (
-        prefill_ms + profile.mixed_prefill_overhead_ms + float(np.mean(outputs)) * step_ms / batch
+        mix.prefill_ms + profile.mixed_prefill_overhead_ms + mix.output * step_ms / batch
     )
     return problem.num_containers * 1000 / per_request_ms
 
