@@ -9,6 +9,7 @@ import pytest
 from tokenpace.core.request import Request
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.metrics.slo import Slo
+from tokenpace.policy.twp_slo.policy import TwpSloPolicy
 from tokenpace.pool.autoscaler import PoolSignal, TokenCapacity, TokenRateAutoscaler
 from tokenpace.pool.config import PoolConfig
 from tokenpace.pool.container import ContainerState
@@ -148,3 +149,53 @@ def test_requests_waiting_on_a_loading_container_move_to_a_window_with_room(
     sim.run()
     assert all(r.container_id == 0 and r.is_done for r in (warm.loop.finished))
     assert all(r.cold_start_s > 0 for r in warm.loop.finished)  # the 0.1 s they waited there
+
+
+def _busy_pair(profile: EngineProfile) -> PoolSimulation:
+    """Two warm twp_slo containers, each decoding one long request at t = 2.5 s."""
+    config = PoolConfig(num_containers=2, initial_warm=2, record_steps=False)
+    sim = PoolSimulation("twp_slo", profile, config, np.random.default_rng(0))
+    for cid in (0, 1):
+        sim.containers[cid].submit(request(cid, 0.0, prompt=50, max_tokens=400), 0.0)
+    sim.run(until_s=2.5)
+    return sim
+
+
+def test_headroom_router_ignores_requests_past_the_ttft_objective(
+    profile: EngineProfile,
+) -> None:
+    # Container 0 also holds five long prompts that arrived at t = 0, past the 2 s TTFT
+    # objective at 2.5 s: twp_slo serves them after any request that can still meet it.
+    # Container 1 holds one fresh short prompt, which does go before a new arrival.
+    sim = _busy_pair(profile)
+    for i in range(2, 7):
+        sim.containers[0].submit(request(i, 0.0, prompt=3000), 2.5)
+    sim.containers[1].submit(request(7, 2.4, prompt=50), 2.5)
+    views = sim.pool.views(2.5)
+    rooms = [v.headroom for v in views]
+    assert rooms[0] is not None and rooms[1] is not None
+    assert rooms[0].wait_s == pytest.approx(0.0)
+    assert rooms[1].wait_s == pytest.approx(50 * profile.prefill_ms_per_token / 1000)
+    assert sim.pool.router.route(request(9, 2.5), views) == 0
+    # The whole queue would have sent it to container 1: 15,000 prompt tokens wait on 0.
+    policy = sim.containers[0].loop.policy
+    assert isinstance(policy, TwpSloPolicy)
+    whole = policy.window_state(sim.containers[0].loop.running, sim.containers[0].loop.waiting)
+    assert whole.prefill_backlog_s == pytest.approx(15_000 * profile.prefill_ms_per_token / 1000)
+
+
+def test_an_idle_window_takes_requests_queued_behind_late_ones(profile: EngineProfile) -> None:
+    # Container 0's window has room (its queue does not overflow it), but the five requests
+    # waiting there are past the TTFT objective, so new work keeps going there ahead of
+    # them; container 1 has nothing waiting and takes them.
+    sim = _busy_pair(profile)
+    source, target = sim.containers
+    for i in range(2, 7):
+        source.submit(request(i, 0.0, prompt=3000), 2.5)
+    policy = source.loop.policy
+    assert isinstance(policy, TwpSloPolicy)
+    state = policy.window_state(source.loop.running, source.loop.waiting, 2.5)
+    assert state.free > 0 and state.num_behind == 5
+    assert sim.pool.balancer is not None
+    assert sim.pool.balancer.on_room(target, 2.5) == 5
+    assert len(source.loop.waiting) == 0 and len(target.loop.waiting) == 5

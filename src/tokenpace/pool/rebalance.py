@@ -5,7 +5,12 @@ it lives in that container (no KV blocks, nothing computed), so moving it costs 
 a container's window has room and nothing waits there, the requests that overflow another
 container's window (or wait on a container still loading) are better served here: the
 ``QueueBalancer`` moves them, newest first (the source serves its oldest first), up to the
-room. Both sides are read from the policies' own windows (``WindowState``).
+room. So are requests waiting behind ones the source's policy serves after any fresh
+arrival (twp_slo: those past the TTFT objective), as many as there are such requests: the
+router sends new work to a container whatever of that kind waits there, so without this
+they waited out the end of a busy period on one container while the others idled (10 seeds
+of the scenarios: 3.5% less goodput on ``kv_pressure``, 28% more p99 TTFT on ``medium``).
+Both sides are read from the policies' own windows (``WindowState``).
 """
 
 from __future__ import annotations
@@ -30,12 +35,12 @@ class QueueBalancer:
         from the most overflowing queues. Returns how many requests moved."""
         if target.state is not ContainerState.WARM or target.draining or len(target.loop.waiting):
             return 0
-        room = _window(target)
+        room = _window(target, now_s)
         if room is None or room.free < 1:
             return 0
         budget = room.free
         moved = 0
-        for source, overflow in self._sources(target):
+        for source, overflow in self._sources(target, now_s):
             take: list[Request] = []
             for request in reversed(list(source.loop.waiting)):
                 cost = _cost(source, room, request)
@@ -55,9 +60,10 @@ class QueueBalancer:
         self.num_moved += moved
         return moved
 
-    def _sources(self, target: Container) -> list[tuple[Container, float]]:
+    def _sources(self, target: Container, now_s: float) -> list[tuple[Container, float]]:
         """Containers whose queue overflows their window (every waiting request of a loading
-        one), largest overflow first, with that overflow in window units."""
+        one) or holds requests served after any fresh arrival, largest overflow first, with
+        that overflow in window units (the larger of the two)."""
         sources = []
         for container in self._containers:
             if container is target or not len(container.loop.waiting):
@@ -65,18 +71,21 @@ class QueueBalancer:
             if container.state is ContainerState.LOADING:
                 sources.append((container, math.inf))
                 continue
-            state = _window(container)
-            if container.state is ContainerState.WARM and state is not None and state.free < 0:
-                sources.append((container, -state.free))
+            state = _window(container, now_s)
+            if container.state is not ContainerState.WARM or state is None:
+                continue
+            overflow = max(-state.free, state.num_behind)
+            if overflow > 0:
+                sources.append((container, overflow))
         sources.sort(key=lambda pair: (-pair[1], pair[0].container_id))
         return sources
 
 
-def _window(container: Container) -> WindowState | None:
+def _window(container: Container, now_s: float) -> WindowState | None:
     policy = container.loop.policy
     if not isinstance(policy, WindowedPolicy):
         return None
-    return policy.window_state(container.loop.running, container.loop.waiting)
+    return policy.window_state(container.loop.running, container.loop.waiting, now_s)
 
 
 def _cost(source: Container, room: WindowState, request: Request) -> float:

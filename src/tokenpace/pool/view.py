@@ -76,5 +76,5 @@ def view_of(container: Container, now_s: float) -> ContainerView:
         ),
         checkpoint_tier=tier,
         accepting=not container.draining,
-        headroom=headroom_of(loop),
+        headroom=headroom_of(loop, now_s),
     )

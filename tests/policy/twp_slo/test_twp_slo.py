@@ -406,3 +406,23 @@ def test_budget_margin_widens_with_the_step_noise_measured_while_serving(
     default = after(noisy)
     assert default.telemetry()["budget_target_ms"] == target
     assert policy.prefill_budget(20) < default.prefill_budget(20)
+
+
+def test_window_state_counts_ahead_of_a_fresh_request_only_those_on_time(
+    paper_profile: EngineProfile,
+) -> None:
+    policy = TwpSloPolicy(config(paper_profile), paper_profile)
+    late = [request(i, prompt=500, arrival_s=0.0) for i in range(3)]
+    queue = state([*late, request(3, prompt=100, arrival_s=9.5)], now_s=10.0).waiting
+    whole = policy.window_state((), queue)
+    assert (whole.queued, whole.queued_ahead, whole.num_behind) == (4, None, 0)
+    assert whole.backlog_ahead_s == pytest.approx(1600 * 0.15 / 1000)
+    # At 10 s the three that arrived at 0 are past the 2 s objective, and the ranking serves
+    # them after a fresh arrival; the one from 9.5 s can still meet it.
+    ahead = policy.window_state((), queue, 10.0)
+    assert (ahead.queued, ahead.queued_ahead, ahead.num_behind) == (4, 1, 3)
+    assert ahead.backlog_ahead_s == pytest.approx(100 * 0.15 / 1000)
+    assert ahead.free_ahead == pytest.approx(whole.free + 3)
+    # Without the deadline ranking nothing is served after a fresh arrival.
+    plain = TwpSloPolicy(config(paper_profile, use_deadline_ranking=False), paper_profile)
+    assert plain.window_state((), queue, 10.0).queued_ahead is None

@@ -169,9 +169,13 @@ class TwpPolicy:
             return None
         return self.expected.remaining_of(request)
 
-    def window_state(self, running: Sequence[Request], waiting: WaitingQueue) -> WindowState:
+    def window_state(
+        self, running: Sequence[Request], waiting: WaitingQueue, now_s: float | None = None
+    ) -> WindowState:
         """Read-only: H_t, and K_t and the queue in expected output tokens (the learned
-        estimate, as the gate uses them), for the pool's router and autoscaler."""
+        estimate, as the gate uses them), for the pool's router and autoscaler. TWP's
+        ranking has no deadline, so a fresh request waits behind the whole queue whatever
+        ``now_s``."""
         reserved = self.reservation.reserved_blocks + self.reservation.margin_blocks
         return token_window_state(
             self.window.window, self.window.smoothed_itl_ms, self.expected, running, waiting,

@@ -488,16 +488,30 @@ class TwpSloPolicy:
             return None
         return self.expected.remaining_of(request)
 
-    def window_state(self, running: Sequence[Request], waiting: WaitingQueue) -> WindowState:
+    def window_state(
+        self, running: Sequence[Request], waiting: WaitingQueue, now_s: float | None = None
+    ) -> WindowState:
         """Read-only: the request window W_t (its admission capacity), the running and
         waiting counts and the prefill backlog at the profile's per-token cost, for the
-        pool's router and autoscaler."""
+        pool's router and autoscaler. With ``now_s`` and the deadline ranking, the waiting
+        requests ahead of a fresh arrival are those the ranking still finds able to meet
+        the TTFT objective (``deadline.ttft_slack_s`` at the last step's budget): the rest
+        are served after it."""
+        cfg = self.config
         reserved = self.reservation.reserved_blocks + self.reservation.margin_blocks
+        ahead = None
+        if now_s is not None and cfg.use_deadline_ranking and len(waiting):
+            per_step = int(self._budget) if cfg.use_prefill_budget else cfg.min_prefill_tokens
+            slack = ttft_slack_s(
+                waiting.arrival_s, waiting.num_prompt_tokens, now_s, cfg.ttft_slo_ms / 1000,
+                cfg.itl_target_ms / 1000, per_step,
+            )  # fmt: skip
+            ahead = slack >= 0
         return request_window_state(
             float(self.window.capacity()), self.window.smoothed_itl_ms or self.window.reference_ms,
             self.expected, running, waiting,
-            reserved if self.config.use_kv_reservation else 0.0,
-            self._latency.profile.prefill_ms_per_token,
+            reserved if cfg.use_kv_reservation else 0.0,
+            self._latency.profile.prefill_ms_per_token, ahead,
         )  # fmt: skip
 
     @property
