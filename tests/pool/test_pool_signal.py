@@ -26,6 +26,17 @@ def request(request_id: int, arrival_s: float, prompt: int = 50, max_tokens: int
     return Request(request_id, num_prompt_tokens=prompt, max_tokens=max_tokens, arrival_s=arrival_s)
 
 
+def busy_pair(profile: EngineProfile, until_s: float, max_tokens: int) -> PoolSimulation:
+    """Two warm twp_slo containers, each running one request (a 50-token prompt, then
+    ``max_tokens`` out) from t = 0, run to ``until_s``."""
+    config = PoolConfig(num_containers=2, initial_warm=2, record_steps=False)
+    sim = PoolSimulation("twp_slo", profile, config, np.random.default_rng(0))
+    for cid in (0, 1):
+        sim.containers[cid].submit(request(cid, 0.0, prompt=50, max_tokens=max_tokens), 0.0)
+    sim.run(until_s=until_s)
+    return sim
+
+
 def test_twp_slo_runs_behind_the_pool_signal_and_its_ablation_behind_the_baselines() -> None:
     setup = resolve_scheduler("twp_slo")
     assert (setup.policy, setup.router, setup.autoscaler) == ("twp_slo", "headroom", "token_rate")
@@ -72,11 +83,7 @@ def test_headroom_router_prices_the_prefill_queued_ahead(profile: EngineProfile)
     # Two warm twp_slo containers with the same single running request; container 0 also
     # holds two long prompts in its queue. Both windows have room, so only the prefill
     # backlog (prompt tokens at the profile's cost) tells them apart.
-    config = PoolConfig(num_containers=2, initial_warm=2, record_steps=False)
-    sim = PoolSimulation("twp_slo", profile, config, np.random.default_rng(0))
-    for cid in (0, 1):
-        sim.containers[cid].submit(request(cid, 0.0, prompt=50, max_tokens=200), 0.0)
-    sim.run(until_s=0.2)
+    sim = busy_pair(profile, until_s=0.2, max_tokens=200)
     for i in (2, 3):
         sim.containers[0].submit(request(i, 0.2, prompt=3000, max_tokens=20), 0.2)
     views = sim.pool.views(0.2)
@@ -151,23 +158,13 @@ def test_requests_waiting_on_a_loading_container_move_to_a_window_with_room(
     assert all(r.cold_start_s > 0 for r in warm.loop.finished)  # the 0.1 s they waited there
 
 
-def _busy_pair(profile: EngineProfile) -> PoolSimulation:
-    """Two warm twp_slo containers, each decoding one long request at t = 2.5 s."""
-    config = PoolConfig(num_containers=2, initial_warm=2, record_steps=False)
-    sim = PoolSimulation("twp_slo", profile, config, np.random.default_rng(0))
-    for cid in (0, 1):
-        sim.containers[cid].submit(request(cid, 0.0, prompt=50, max_tokens=400), 0.0)
-    sim.run(until_s=2.5)
-    return sim
-
-
 def test_headroom_router_ignores_requests_past_the_ttft_objective(
     profile: EngineProfile,
 ) -> None:
     # Container 0 also holds five long prompts that arrived at t = 0, past the 2 s TTFT
     # objective at 2.5 s: twp_slo serves them after any request that can still meet it.
     # Container 1 holds one fresh short prompt, which does go before a new arrival.
-    sim = _busy_pair(profile)
+    sim = busy_pair(profile, until_s=2.5, max_tokens=400)
     for i in range(2, 7):
         sim.containers[0].submit(request(i, 0.0, prompt=3000), 2.5)
     sim.containers[1].submit(request(7, 2.4, prompt=50), 2.5)
@@ -188,7 +185,7 @@ def test_an_idle_window_takes_requests_queued_behind_late_ones(profile: EnginePr
     # Container 0's window has room (its queue does not overflow it), but the five requests
     # waiting there are past the TTFT objective, so new work keeps going there ahead of
     # them; container 1 has nothing waiting and takes them.
-    sim = _busy_pair(profile)
+    sim = busy_pair(profile, until_s=2.5, max_tokens=400)
     source, target = sim.containers
     for i in range(2, 7):
         source.submit(request(i, 0.0, prompt=3000), 2.5)
