@@ -303,13 +303,19 @@ class TwpSloPolicy:
         """Whether ``request`` can no longer meet the TTFT objective with ``prefill_tokens``
         still to prefill, at this step's budget per step of the ITL target (the deadline
         ranking's feasibility test, ``deadline.ttft_slack_s``)."""
+        return bool(self._ttft_slack(request.arrival_s, prefill_tokens, state.now_s) < 0)
+
+    def _ttft_slack(
+        self, arrival_s: npt.ArrayLike, prefill_tokens: npt.ArrayLike, now_s: float
+    ) -> npt.NDArray[np.float64]:
+        """``deadline.ttft_slack_s`` at ``now_s`` with the last step's budget per step of the
+        ITL target (the fixed chunk C when the budget is switched off)."""
         cfg = self.config
         per_step = int(self._budget) if cfg.use_prefill_budget else cfg.min_prefill_tokens
-        slack = ttft_slack_s(
-            request.arrival_s, prefill_tokens, state.now_s, cfg.ttft_slo_ms / 1000,
-            cfg.itl_target_ms / 1000, per_step,
+        return ttft_slack_s(
+            arrival_s, prefill_tokens, now_s, cfg.ttft_slo_ms / 1000, cfg.itl_target_ms / 1000,
+            per_step,
         )  # fmt: skip
-        return bool(slack < 0)
 
     def _chunk(self, request: Request) -> int:
         """Tokens ``request`` computes this step: what the budget left pays for, or the fixed
@@ -501,12 +507,7 @@ class TwpSloPolicy:
         reserved = self.reservation.reserved_blocks + self.reservation.margin_blocks
         ahead = None
         if now_s is not None and cfg.use_deadline_ranking and len(waiting):
-            per_step = int(self._budget) if cfg.use_prefill_budget else cfg.min_prefill_tokens
-            slack = ttft_slack_s(
-                waiting.arrival_s, waiting.num_prompt_tokens, now_s, cfg.ttft_slo_ms / 1000,
-                cfg.itl_target_ms / 1000, per_step,
-            )  # fmt: skip
-            ahead = slack >= 0
+            ahead = self._ttft_slack(waiting.arrival_s, waiting.num_prompt_tokens, now_s) >= 0
         return request_window_state(
             float(self.window.capacity()), self.window.smoothed_itl_ms or self.window.reference_ms,
             self.expected, running, waiting,
