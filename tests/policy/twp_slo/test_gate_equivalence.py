@@ -90,8 +90,8 @@ class ReferenceTwpSlo(TwpSloPolicy):
         if cfg.use_balance_floor:
             produced = [r.num_output_tokens for r in state.running]
             self.window.set_floor(self._balance_floor(np.array(produced, dtype=np.int64)))
-        self.window.update(state.last_step_latency_s)
         self._calibrate(state.last_step_latency_s)
+        self.window.update(state.last_step_latency_s)
         self.expected.observe(state.running, state.step_index)
         capacity = self.window.capacity()
         prefilling = [r for r in state.running if r.num_output_tokens == 0 or r.is_prefilling]
@@ -175,6 +175,7 @@ class ReferenceTwpSlo(TwpSloPolicy):
         self._observe_mix(admitted)
         self._num_forced = len(forced)
         self._predicted_ms = self._reference_predict_ms(num_decoding, chunks)
+        self._predicted_decoding = num_decoding
         return StepPlan(
             admit_ids=tuple(r.request_id for r in admitted),
             num_scheduled_tokens=scheduled,

