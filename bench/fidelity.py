@@ -15,7 +15,10 @@ The knee's SLO is tokenpace bench's default (TTFT 2 s, TPOT 100 ms) scaled to th
 profile as ``tokenpace bench --engine`` scales it (``metrics.slo.scaled_slo``), unless given.
 Each load's line on stderr also gives the errors of a simulator on Eq. 2 alone (the profile
 without its measured decode residual), to show what the residual contributes, and without
-its cost of a first step after idle (``idle_wake_ms``), likewise; and the real
+its cost of a first step after idle (``idle_wake_ms``), likewise; and of a simulator whose
+profile runs at the real runs' speed (every step-time term times the real steps' summed
+latency over what the profile gives the same steps), which leaves the latency model's and
+the scheduling's error once the machine's speed during the runs is known; and the real
 engine's step time over what the profile gives the same steps, per kind of step (decode,
 mixed, prefill): far from 1, the engine did not run as it was profiled; and the median of
 that ratio per 5 s window, lowest to highest: windows that differ by more than the error
@@ -181,6 +184,9 @@ def run(args: Settings) -> None:
                 no_wake = {
                     NAMES[k]: round(v, 4) for k, v in measured.no_wake_relative_error.items()
                 }
+                at_run_speed = {
+                    NAMES[k]: round(v, 4) for k, v in measured.at_speed_relative_error.items()
+                }
                 result[engine][f"{load:g}" if load != 1 else "1.0"] = errors
                 real, sim = measured.real, measured.simulated
                 spread = {NAMES[k]: round(v, 4) for k, v in measured.real_spread.items()}
@@ -205,7 +211,9 @@ def run(args: Settings) -> None:
                     f"step time over the profile's, by kind of step {over_profile}, its "
                     f"median per window {moved}; "
                     f"errors {errors}; on Eq. 2 alone {eq2_errors}; without the "
-                    f"{profile.idle_wake_ms:.1f} ms first step after idle {no_wake}",
+                    f"{profile.idle_wake_ms:.1f} ms first step after idle {no_wake}; with "
+                    f"the profile at the real runs' speed (x{measured.real_speed:.3f}) "
+                    f"{at_run_speed}",
                     file=sys.stderr,
                     flush=True,
                 )

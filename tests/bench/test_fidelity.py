@@ -1,12 +1,16 @@
-"""measure_fidelity compares means over repeats and reports the real runs' own spread."""
+"""measure_fidelity compares means over repeats, reports the real runs' own spread and
+the errors of a simulator at the real runs' speed."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from tokenpace.bench.fidelity import COMPARED, measure_fidelity
-from tokenpace.bench.runners import RunnerSet
+from tokenpace.bench.fidelity import COMPARED, at_speed, measure_fidelity
+from tokenpace.bench.runners import Runner, RunnerSet, StatelessRunner, run_single_server
+from tokenpace.engine.latency_model import LatencyModel, PrefillChunk, StepShape
 from tokenpace.engine.profile import load_profile
 from tokenpace.metrics.slo import Slo
 from tokenpace.workload.main_experiment import PoissonWorkload
@@ -39,3 +43,51 @@ def test_repeats_are_averaged_and_their_spread_reported() -> None:
 def test_repeats_below_one_are_refused() -> None:
     with RunnerSet() as runners, pytest.raises(ValueError, match="repeats must be at least 1"):
         measure_fidelity(runners, "sim", "twp", WORKLOAD, 3, PROFILE, SLO, repeats=0)
+
+
+class SlowMachine(RunnerSet):
+    """Runner ``slow``: the simulator on a machine ``factor`` times as slow as the profile
+    the run is handed, standing in for a real engine whose machine drifted."""
+
+    def __init__(self, factor: float) -> None:
+        super().__init__()
+        self.factor = factor
+
+    def get(self, name: str) -> Runner:
+        if name != "slow":
+            return super().get(name)
+        factor = self.factor
+        return StatelessRunner(
+            lambda run: run_single_server(replace(run, profile=at_speed(run.profile, factor)))
+        )
+
+
+def test_a_simulator_at_the_real_runs_speed_removes_a_machine_drift() -> None:
+    """The "real" engine runs 1.5x slower than its profile: the plain simulator's ITL is a
+    third low, the measured speed is 1.5, and the simulator at that speed (drawing the same
+    noise) matches the real runs."""
+    with SlowMachine(1.5) as runners:
+        measured = measure_fidelity(runners, "slow", "twp", WORKLOAD, 3, PROFILE, SLO, repeats=2)
+    assert measured.real_speed == pytest.approx(1.5, rel=0.01)
+    assert measured.relative_error["itl_mean"] == pytest.approx(1 / 1.5 - 1, abs=0.03)
+    assert set(measured.at_speed_relative_error) == set(COMPARED)
+    assert all(abs(e) < 0.02 for e in measured.at_speed_relative_error.values())
+
+
+def test_at_speed_multiplies_every_step_time_term() -> None:
+    profile = replace(
+        PROFILE, decode_attention_ms_per_kctx=3.0, decode_residual_ms=((1, 2.0), (8, -1.0)),
+        prefill_chunk_overhead_ms=1.5, prefill_floor_ms=12.0, idle_wake_ms=7.0,
+    )  # fmt: skip
+    slow = LatencyModel(at_speed(profile, 2.0))
+    model = LatencyModel(profile)
+    shapes = [
+        StepShape((100, 400, 900), ()),
+        StepShape((50,) * 12, (PrefillChunk(64, 0), PrefillChunk(32, 256))),
+        StepShape((), (PrefillChunk(512, 128),)),
+    ]
+    for shape in shapes:
+        assert slow.shape_s(shape) == pytest.approx(2.0 * model.shape_s(shape))
+    assert at_speed(profile, 2.0).idle_wake_ms == 14.0
+    with pytest.raises(ValueError, match="factor must be positive"):
+        at_speed(profile, 0.0)

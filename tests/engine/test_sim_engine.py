@@ -8,7 +8,7 @@ import pytest
 from tests.helpers import request, running
 from tokenpace.core.step import ScheduledChunk
 from tokenpace.engine.kv_blocks import BlockAccountant
-from tokenpace.engine.latency_model import LatencyModel, PrefillChunk
+from tokenpace.engine.latency_model import LatencyModel, PrefillChunk, StepShape
 from tokenpace.engine.profile import EngineProfile, load_profile, shipped_profiles
 from tokenpace.engine.sim import SimEngine
 
@@ -139,3 +139,20 @@ def test_padded_decode_attention_counts_the_longest_context(paper_profile: Engin
     step = engine.execute([ScheduledChunk(r, 1) for r in reqs])
     noiseless = LatencyModel(padded).step_s(2, [], 800, 700)
     assert step.latency_s == pytest.approx(noiseless, rel=5 * padded.noise_cv + 1e-9)
+
+
+def test_a_step_shape_read_before_the_step_prices_it_as_the_simulator_does(
+    paper_profile: EngineProfile,
+) -> None:
+    profile = replace(paper_profile, noise_cv=0.0, decode_attention_ms_per_kctx=2.0)
+    engine = SimEngine(profile, np.random.default_rng(0))
+    decoding = [running(i, 100 * (i + 1), 50, 3) for i in range(4)]
+    fresh, started = request(10, prompt=300), request(11, prompt=200)
+    engine.execute([ScheduledChunk(started, 64)])
+    chunks = [ScheduledChunk(r, 1) for r in decoding]
+    chunks += [ScheduledChunk(fresh, 128), ScheduledChunk(started, 100)]
+    shape = StepShape.of(chunks)
+    assert shape.decode_contexts == (102, 202, 302, 402)
+    assert shape.prefill_chunks == (PrefillChunk(128, 0), PrefillChunk(100, 64))
+    latency_s = engine.execute(chunks).latency_s
+    assert LatencyModel(profile).shape_s(shape) == pytest.approx(latency_s)

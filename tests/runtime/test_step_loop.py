@@ -58,6 +58,11 @@ def test_no_request_lost_and_kv_never_exceeds_capacity(
         assert r.token_times_s == sorted(r.token_times_s)
         assert r.token_times_s[0] > r.arrival_s
     assert all(step.num_used_blocks <= blocks for step in outcome.steps)
+    # Each record carries the step's shape as the engine ran it.
+    for step in outcome.steps:
+        assert step.shape is not None
+        assert len(step.shape.decode_contexts) == step.num_decode_tokens
+        assert sum(c.num_tokens for c in step.shape.prefill_chunks) == step.num_prefill_tokens
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -69,7 +69,11 @@ class FidelityResult:
     workload and seed lay apart ((highest - lowest) / mean; 0 for one repeat), the error a
     perfect simulator would still show against any one of them; ``real_speed_drift``: how
     the real engine's speed against the profile moved during its runs (``speed_drift``;
-    the lowest and highest window over all repeats)."""
+    the lowest and highest window over all repeats); ``real_speed``: how slow the real
+    engine ran against the profile over all its repeats (``run_speed``); and
+    ``at_speed_relative_error``: the errors of a simulator whose profile runs at that
+    speed (``at_speed``; empty without a measured speed), which leaves the latency model's
+    and the scheduling's error once the machine's speed at the time of the run is known."""
 
     real_runs: tuple[Mapping[str, Any], ...]
     simulated_runs: tuple[Mapping[str, Any], ...]
@@ -80,6 +84,8 @@ class FidelityResult:
     real_speed_drift: SpeedDrift | None = None
     real_spread: Mapping[str, float] = field(default_factory=dict)
     no_wake_relative_error: Mapping[str, float] = field(default_factory=dict)
+    real_speed: float = float("nan")
+    at_speed_relative_error: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def real(self) -> dict[str, float]:
@@ -146,8 +152,11 @@ def _kind(step: StepRecord) -> str | None:
 
 
 def _predicted_s(model: LatencyModel, step: StepRecord) -> float:
-    """The profile's latency of ``step`` (its decode batch, its prefill as one chunk from
-    context 0, no decode attention term: the records carry no contexts)."""
+    """The profile's latency of ``step``: of its shape as run where the record has one
+    (``StepRecord.shape``: decode contexts and prefill chunks); else of its decode batch and
+    its prefill as one chunk from context 0, with no decode attention term."""
+    if step.shape is not None:
+        return model.shape_s(step.shape)
     prefill = step.num_prefill_tokens
     chunks = [PrefillChunk(prefill, 0)] if prefill else []
     return model.step_s(step.num_decode_tokens, chunks)
@@ -172,10 +181,9 @@ def _predictions(steps: Sequence[StepRecord], profile: EngineProfile) -> list[fl
 
 def step_over_profile(steps: Sequence[StepRecord], profile: EngineProfile) -> dict[str, float]:
     """Per kind of step (``decode``, ``mixed``: decode with a prefill chunk, ``prefill``):
-    the steps' mean measured latency over the mean ``profile`` gives the same steps (their
-    decode batch and prefill tokens, the prefill as one chunk from context 0, the decode
-    attention term left out: the records carry no contexts; a first step after idle with
-    the profile's cost of it, ``_predictions``). Near 1 when the engine ran
+    the steps' mean measured latency over the mean ``profile`` gives the same steps
+    (``_predicted_s``: their shape as run, where the records carry it; a first step after
+    idle with the profile's cost of it, ``_predictions``). Near 1 when the engine ran
     as it was profiled; far from it when it did not (another precision, a slower phase of
     the machine). Kinds with no step are left out."""
     sums: dict[str, list[float]] = {}
@@ -187,6 +195,39 @@ def step_over_profile(steps: Sequence[StepRecord], profile: EngineProfile) -> di
         measured_predicted[0] += step.latency_s
         measured_predicted[1] += predicted
     return {kind: measured / predicted for kind, (measured, predicted) in sums.items()}
+
+
+def run_speed(runs: Sequence[Sequence[StepRecord]], profile: EngineProfile) -> float:
+    """How slow the engine ran against ``profile`` over the steps of ``runs`` (each run's
+    steps in the order run): their summed measured latency over the summed latency
+    ``profile`` gives them (``_predictions``); NaN without a nonempty step."""
+    measured = predicted = 0.0
+    for steps in runs:
+        for step, value in zip(steps, _predictions(steps, profile), strict=True):
+            if value > 0:
+                measured += step.latency_s
+                predicted += value
+    return measured / predicted if predicted > 0 else float("nan")
+
+
+def at_speed(profile: EngineProfile, factor: float) -> EngineProfile:
+    """``profile`` with every step-time term multiplied by ``factor``: the same engine on a
+    machine ``factor`` times as slow."""
+    if not factor > 0:
+        raise ValueError(f"factor must be positive, got {factor}")
+    return replace(
+        profile,
+        l_min_ms=profile.l_min_ms * factor,
+        alpha_ms=profile.alpha_ms * factor,
+        prefill_ms_per_token=profile.prefill_ms_per_token * factor,
+        prefill_attention_ms_per_kctx=profile.prefill_attention_ms_per_kctx * factor,
+        mixed_prefill_overhead_ms=profile.mixed_prefill_overhead_ms * factor,
+        decode_attention_ms_per_kctx=profile.decode_attention_ms_per_kctx * factor,
+        decode_residual_ms=tuple((b, ms * factor) for b, ms in profile.decode_residual_ms),
+        prefill_chunk_overhead_ms=profile.prefill_chunk_overhead_ms * factor,
+        prefill_floor_ms=profile.prefill_floor_ms * factor,
+        idle_wake_ms=profile.idle_wake_ms * factor,
+    )
 
 
 def _median_finite(values: Sequence[float]) -> float:
@@ -207,8 +248,8 @@ def measure_fidelity(
 ) -> FidelityResult:  # fmt: skip
     """Run ``workload`` (seed ``seed``) under ``scheduler`` ``repeats`` times on ``engine``
     and as often on the simulator with ``profile`` (and with ``profile`` on Eq. 2 alone;
-    and without its idle wake cost; simulated repeat r draws its step noise from
-    ``[seed, 1 + r]``), all from ``runners``
+    without its idle wake cost; and at the real runs' speed, ``at_speed``; simulated repeat
+    r draws its step noise from ``[seed, 1 + r]``), all from ``runners``
     (the engine stays loaded for the next call); relative error = (simulated - real) / real
     of each compared metric's mean over the repeats. Raises ValueError for ``repeats`` < 1."""
     if repeats < 1:
@@ -222,7 +263,8 @@ def measure_fidelity(
         compared.append(("no_wake", "sim", replace(profile, idle_wake_ms=0.0)))
     runs: dict[str, list[Mapping[str, Any]]] = {}
     real_steps: list[list[StepRecord]] = []
-    for label, runner, run_profile in compared:
+
+    def run(label: str, runner: str, run_profile: EngineProfile) -> None:
         for repeat in range(repeats):
             output = runners.get(runner)(
                 RunRequest(
@@ -233,6 +275,12 @@ def measure_fidelity(
             runs.setdefault(label, []).append(summarize_run(key, output.requests, 0.0, slo))
             if label == "real":
                 real_steps.append(output.steps.get(0, []))
+
+    for label, runner, run_profile in compared:
+        run(label, runner, run_profile)
+    speed = run_speed(real_steps, profile)
+    if math.isfinite(speed):
+        run("at_speed", "sim", at_speed(profile, speed))
 
     def errors(label: str) -> dict[str, float]:
         real, simulated = mean_compared(runs["real"]), mean_compared(runs[label])
@@ -258,6 +306,8 @@ def measure_fidelity(
         drift,
         spread_compared(runs["real"]),
         errors("no_wake" if "no_wake" in runs else "sim"),
+        speed,
+        errors("at_speed") if "at_speed" in runs else {},
     )
 
 

@@ -7,6 +7,7 @@ from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tokenpace.core.step import ScheduledChunk
 from tokenpace.engine.attention_plan import peeled
 from tokenpace.engine.profile import EngineProfile
 
@@ -17,6 +18,33 @@ class PrefillChunk:
 
     num_tokens: int
     context_start: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepShape:
+    """What a step's latency depends on: the decoding requests' contexts (tokens in the
+    cache before the step) and the prefill chunks."""
+
+    decode_contexts: tuple[int, ...]
+    prefill_chunks: tuple[PrefillChunk, ...]
+
+    @classmethod
+    def of(cls, chunks: Sequence[ScheduledChunk]) -> StepShape:
+        """The shape of a step of ``chunks``, read before the engine runs it. A request is
+        prefilling while more than one token is uncomputed or none was generated yet (as
+        ``Request.is_prefilling``, and as the simulator counts it)."""
+        decode: list[int] = []
+        prefill: list[PrefillChunk] = []
+        for chunk in chunks:
+            request = chunk.request
+            num_output = len(request.token_times_s)
+            computed = request.num_computed_tokens
+            uncomputed = request.num_prompt_tokens + num_output - computed
+            if uncomputed > 1 or num_output == 0:
+                prefill.append(PrefillChunk(chunk.num_tokens, computed))
+            else:
+                decode.append(computed)
+        return cls(tuple(decode), tuple(prefill))
 
 
 class LatencyModel:
@@ -98,6 +126,14 @@ class LatencyModel:
         """What ``num_chunks`` prefill chunks in one step cost beyond their tokens: the
         profile's per-chunk overhead for each chunk beyond the first."""
         return self.profile.prefill_chunk_overhead_ms * max(0, num_chunks - 1)
+
+    def shape_s(self, shape: StepShape) -> float:
+        """``step_s`` of a step of ``shape``."""
+        contexts = shape.decode_contexts
+        return self.step_s(
+            len(contexts), list(shape.prefill_chunks), sum(contexts), max(contexts, default=0),
+            contexts,
+        )  # fmt: skip
 
     def step_s(
         self,

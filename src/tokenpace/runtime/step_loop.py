@@ -15,6 +15,7 @@ from tokenpace.core.request import FinishReason, Request, RequestStatus
 from tokenpace.core.running import RunningBatch
 from tokenpace.core.step import Rejection, ScheduledChunk, StepPlan, StepResult, StepState
 from tokenpace.engine.base import Engine
+from tokenpace.engine.latency_model import StepShape
 from tokenpace.policy.base import Policy, ProfileAware
 from tokenpace.profiling.online import OnlineProfileEstimator
 
@@ -26,7 +27,9 @@ _STATUS_OF = {
 
 @dataclass(frozen=True, slots=True)
 class StepRecord:
-    """What happened in one step, for time series and audits."""
+    """What happened in one step, for time series and audits; ``shape``: its decode
+    contexts and prefill chunks as the engine ran them (None where the engine does not say:
+    vLLM's records)."""
 
     step_index: int
     start_s: float
@@ -40,6 +43,7 @@ class StepRecord:
     num_preempted: int
     num_used_blocks: int
     telemetry: Mapping[str, float]
+    shape: StepShape | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +55,7 @@ class InFlightStep:
     result: StepResult
     start_s: float
     num_preempted: int
+    shape: StepShape | None = None
 
 
 @dataclass(slots=True)
@@ -143,9 +148,11 @@ class StepLoop:
         chunks, num_preempted = self._fit_in_kv(plan.num_scheduled_tokens)
         if not chunks:
             return None
+        # Read before the engine advances the requests' computed tokens.
+        shape = StepShape.of(chunks) if self.record_steps else None
         result = self.engine.execute(chunks)
         self.num_computed_tokens += sum(c.num_tokens for c in chunks)
-        return InFlightStep(plan, chunks, result, now_s, num_preempted)
+        return InFlightStep(plan, chunks, result, now_s, num_preempted, shape)
 
     def _within_engine_limit(self, plan: StepPlan) -> StepPlan:
         """``plan`` without the admissions beyond the engine's ``max_running`` (the last
@@ -206,6 +213,7 @@ class StepLoop:
                     num_preempted=step.num_preempted,
                     num_used_blocks=result.num_used_blocks,
                     telemetry=dict(self.policy.telemetry()),
+                    shape=step.shape,
                 )
             )
         if self.calibrator is not None:

@@ -81,7 +81,14 @@ USED_MEMBERS: tuple[UsedMember, ...] = (
         "SchedulerConfig",
         "long_prefill_token_threshold enable_chunked_prefill",
     ),
-    *_attrs(_OUTPUT, "SchedulerOutput", "total_num_scheduled_tokens num_scheduled_tokens"),
+    *_attrs(
+        _OUTPUT,
+        "SchedulerOutput",
+        "total_num_scheduled_tokens num_scheduled_tokens scheduled_new_reqs scheduled_cached_reqs",
+    ),
+    # The computed tokens of each scheduled request before the step (``step_shape``).
+    *_attrs(_OUTPUT, "NewRequestData", "req_id num_computed_tokens"),
+    *_attrs(_OUTPUT, "CachedRequestData", "req_ids num_computed_tokens"),
     # Requests as the mirror reads them.
     *_attrs(_REQUEST, "Request", _REQUEST_ATTRS),
     UsedMember(_REQUEST, "Request", "is_finished", ()),

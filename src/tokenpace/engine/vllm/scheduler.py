@@ -40,7 +40,7 @@ from tokenpace.core.step import StepPlan, StepState
 from tokenpace.engine.vllm.mirror import RequestMirror
 from tokenpace.engine.vllm.policy_setup import engine_profile, make_policy, prefill_chunk_tokens
 from tokenpace.engine.vllm.settings import SchedulerSettings
-from tokenpace.engine.vllm.step_log import SchedulerStepRecord, StepLog
+from tokenpace.engine.vllm.step_log import SchedulerStepRecord, StepLog, step_shape
 from tokenpace.engine.vllm.step_tokens import PlansStepTokens, StepTokenLimits, step_token_limits
 from tokenpace.engine.vllm.timing import StepTimer
 from tokenpace.engine.vllm.version import require_supported_vllm
@@ -387,6 +387,7 @@ class TokenpaceScheduler(Scheduler):  # type: ignore[misc]
                 num_preempted=num_preempted,
                 telemetry=telemetry,
                 planned_tokens=planned_tokens,
+                shape=step_shape(output),
             )
         )
 

@@ -7,8 +7,9 @@ from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
+from tokenpace.engine.latency_model import PrefillChunk, StepShape
 from tokenpace.runtime.step_loop import StepRecord
 
 
@@ -27,7 +28,7 @@ class SchedulerStepRecord:
     ``num_decode_tokens`` counts the scheduled requests computing a single token (decodes);
     the rest of ``num_scheduled_tokens`` are prefill tokens. ``planned_tokens``: the step's
     token budget set from the plan for a policy whose token counts bind (``step_tokens``),
-    else None.
+    else None. ``shape``: the step's decode contexts and prefill chunks (``step_shape``).
     """
 
     step_index: int
@@ -50,6 +51,7 @@ class SchedulerStepRecord:
     num_preempted: int
     telemetry: Mapping[str, float]
     planned_tokens: int | None = None
+    shape: StepShape | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -113,6 +115,26 @@ def to_step_records(records: list[SchedulerStepRecord]) -> list[StepRecord]:
                 num_preempted=step.num_preempted,
                 num_used_blocks=step.num_total_blocks - step.num_free_blocks,
                 telemetry=step.telemetry,
+                shape=step.shape,
             )
         )
     return steps
+
+
+def step_shape(output: Any) -> StepShape:
+    """The shape of the step vLLM scheduled (its ``SchedulerOutput``): each scheduled
+    request's tokens and the tokens it had computed before the step, as vLLM hands them to
+    its workers (``scheduled_new_reqs`` and ``scheduled_cached_reqs``). A request scheduled
+    for one token counts as decoding, as ``num_decode_tokens`` counts it."""
+    computed = {new.req_id: new.num_computed_tokens for new in output.scheduled_new_reqs}
+    cached = output.scheduled_cached_reqs
+    computed.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
+    decode: list[int] = []
+    prefill: list[PrefillChunk] = []
+    for req_id, num_tokens in output.num_scheduled_tokens.items():
+        start = computed.get(req_id, 0)
+        if num_tokens == 1:
+            decode.append(start)
+        else:
+            prefill.append(PrefillChunk(num_tokens, start))
+    return StepShape(tuple(decode), tuple(prefill))
