@@ -16,9 +16,10 @@ profile as ``tokenpace bench --engine`` scales it (``metrics.slo.scaled_slo``), 
 Each load's line on stderr also gives the errors of a simulator on Eq. 2 alone (the profile
 without its measured decode residual), to show what the residual contributes, and without
 its cost of a first step after idle (``idle_wake_ms``), likewise; and of a simulator whose
-profile runs at the real runs' speed (every step-time term times the real steps' summed
-latency over what the profile gives the same steps), which leaves the latency model's and
-the scheduling's error once the machine's speed during the runs is known; and the real
+engine runs at the real runs' speed (every step-time term times the real steps' summed
+latency over what the profile gives the same steps) while its policy plans with the
+profile, as the real engine's did: what is left once the machine's speed during the runs
+is known, the latency model's and the scheduling's own error; and the real
 engine's step time over what the profile gives the same steps, per kind of step (decode,
 mixed, prefill): far from 1, the engine did not run as it was profiled; and the median of
 that ratio per 5 s window, lowest to highest: windows that differ by more than the error
@@ -212,7 +213,7 @@ def run(args: Settings) -> None:
                     f"median per window {moved}; "
                     f"errors {errors}; on Eq. 2 alone {eq2_errors}; without the "
                     f"{profile.idle_wake_ms:.1f} ms first step after idle {no_wake}; with "
-                    f"the profile at the real runs' speed (x{measured.real_speed:.3f}) "
+                    f"the simulated engine at the real runs' speed (x{measured.real_speed:.3f}) "
                     f"{at_run_speed}",
                     file=sys.stderr,
                     flush=True,

@@ -47,7 +47,8 @@ def test_repeats_below_one_are_refused() -> None:
 
 class SlowMachine(RunnerSet):
     """Runner ``slow``: the simulator on a machine ``factor`` times as slow as the profile
-    the run is handed, standing in for a real engine whose machine drifted."""
+    the run is handed (its policy plans with that profile), standing in for a real engine
+    whose machine drifted."""
 
     def __init__(self, factor: float) -> None:
         super().__init__()
@@ -58,7 +59,9 @@ class SlowMachine(RunnerSet):
             return super().get(name)
         factor = self.factor
         return StatelessRunner(
-            lambda run: run_single_server(replace(run, profile=at_speed(run.profile, factor)))
+            lambda run: run_single_server(
+                replace(run, engine_profile=at_speed(run.profile, factor))
+            )
         )
 
 

@@ -71,9 +71,10 @@ class FidelityResult:
     the real engine's speed against the profile moved during its runs (``speed_drift``;
     the lowest and highest window over all repeats); ``real_speed``: how slow the real
     engine ran against the profile over all its repeats (``run_speed``); and
-    ``at_speed_relative_error``: the errors of a simulator whose profile runs at that
-    speed (``at_speed``; empty without a measured speed), which leaves the latency model's
-    and the scheduling's error once the machine's speed at the time of the run is known."""
+    ``at_speed_relative_error``: the errors of a simulator whose engine runs at that speed
+    (``at_speed``; its policy plans with ``profile``, as the real engine's did; empty
+    without a measured speed), which leaves the latency model's and the scheduling's error
+    once the machine's speed at the time of the run is known."""
 
     real_runs: tuple[Mapping[str, Any], ...]
     simulated_runs: tuple[Mapping[str, Any], ...]
@@ -264,12 +265,13 @@ def measure_fidelity(
     runs: dict[str, list[Mapping[str, Any]]] = {}
     real_steps: list[list[StepRecord]] = []
 
-    def run(label: str, runner: str, run_profile: EngineProfile) -> None:
+    def run(
+        label: str, runner: str, run_profile: EngineProfile, engine: EngineProfile | None = None
+    ) -> None:
         for repeat in range(repeats):
+            rng = np.random.default_rng([seed, 1 + repeat])
             output = runners.get(runner)(
-                RunRequest(
-                    scheduler, specs, run_profile, np.random.default_rng([seed, 1 + repeat]), slo
-                )
+                RunRequest(scheduler, specs, run_profile, rng, slo, engine_profile=engine)
             )
             key = RunKey(scheduler, workload.name, runner, seed)
             runs.setdefault(label, []).append(summarize_run(key, output.requests, 0.0, slo))
@@ -280,7 +282,9 @@ def measure_fidelity(
         run(label, runner, run_profile)
     speed = run_speed(real_steps, profile)
     if math.isfinite(speed):
-        run("at_speed", "sim", at_speed(profile, speed))
+        # The policy plans with the profile, as it did on the real engine; the simulated
+        # engine runs at the real one's speed.
+        run("at_speed", "sim", profile, at_speed(profile, speed))
 
     def errors(label: str) -> dict[str, float]:
         real, simulated = mean_compared(runs["real"]), mean_compared(runs[label])

@@ -24,7 +24,9 @@ from tokenpace.workload.spec import RequestSpec
 class RunRequest:
     """Everything one run needs. ``pool`` and ``router`` matter to the pool runner only;
     ``kv_cache_tokens`` to real engines only (the KV cache to run with, tokens; None: the
-    engine's own size), the simulators take the profile's."""
+    engine's own size), the simulators take the profile's. ``engine_profile`` matters to the
+    single-server simulator only: the step times its engine runs at, where they are not the
+    ``profile`` the policy plans with (None: they are)."""
 
     scheduler: str
     specs: Sequence[RequestSpec]
@@ -35,6 +37,7 @@ class RunRequest:
     router: str | None = None
     record_steps: bool = True
     kv_cache_tokens: int | None = None
+    engine_profile: EngineProfile | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +102,8 @@ class RunnerSet:
 def run_single_server(run: RunRequest) -> RunOutput:
     """One simulated server running the policy named ``run.scheduler``."""
     policy = build_policy(run.scheduler, run.profile, run.slo)
-    outcome = simulate(run.specs, policy, run.profile, run.rng, run.record_steps)
+    engine_profile = run.engine_profile or run.profile
+    outcome = simulate(run.specs, policy, engine_profile, run.rng, run.record_steps)
     return RunOutput(
         outcome.requests,
         {0: outcome.steps},
