@@ -365,6 +365,7 @@ class TokenpaceScheduler(Scheduler):  # type: ignore[misc]
             sum(r.remaining_output_tokens for r in admitted if r.request_id in plan.forced_ids)
         )
         telemetry = dict(self.tokenpace_policy.telemetry())
+        shape = step_shape(output, self.requests)
         self.step_log.append(
             SchedulerStepRecord(
                 step_index=state.step_index,
@@ -383,11 +384,11 @@ class TokenpaceScheduler(Scheduler):  # type: ignore[misc]
                 token_load_after=load_before + load_added,
                 forced_load=forced_load,
                 num_scheduled_tokens=int(output.total_num_scheduled_tokens),
-                num_decode_tokens=sum(1 for n in output.num_scheduled_tokens.values() if n == 1),
+                num_decode_tokens=len(shape.decode_contexts),
                 num_preempted=num_preempted,
                 telemetry=telemetry,
                 planned_tokens=planned_tokens,
-                shape=step_shape(output),
+                shape=shape,
             )
         )
 

@@ -25,8 +25,8 @@ class SchedulerStepRecord:
     ``token_load_before`` over the running batch, ``token_load_after`` with the admitted
     requests added, ``forced_load`` the part contributed by force-admitted ones.
     ``token_window`` is the policy's window when it has one (TWP), else None.
-    ``num_decode_tokens`` counts the scheduled requests computing a single token (decodes);
-    the rest of ``num_scheduled_tokens`` are prefill tokens. ``planned_tokens``: the step's
+    ``num_decode_tokens`` counts the scheduled requests that decode (``step_shape``); the
+    rest of ``num_scheduled_tokens`` are prefill tokens. ``planned_tokens``: the step's
     token budget set from the plan for a policy whose token counts bind (``step_tokens``),
     else None. ``shape``: the step's decode contexts and prefill chunks (``step_shape``).
     """
@@ -121,11 +121,13 @@ def to_step_records(records: list[SchedulerStepRecord]) -> list[StepRecord]:
     return steps
 
 
-def step_shape(output: Any) -> StepShape:
-    """The shape of the step vLLM scheduled (its ``SchedulerOutput``): each scheduled
-    request's tokens and the tokens it had computed before the step, as vLLM hands them to
-    its workers (``scheduled_new_reqs`` and ``scheduled_cached_reqs``). A request scheduled
-    for one token counts as decoding, as ``num_decode_tokens`` counts it."""
+def step_shape(output: Any, requests: Mapping[str, Any]) -> StepShape:
+    """The shape of the step vLLM scheduled (its ``SchedulerOutput``; ``requests``: vLLM's
+    requests by id): each scheduled request's tokens and the tokens it had computed before
+    the step, as vLLM hands them to its workers (``scheduled_new_reqs`` and
+    ``scheduled_cached_reqs``). A request decodes when one token of it was uncomputed and it
+    has generated before (as ``StepShape.of`` counts); anything else is a prefill chunk, a
+    one-token chunk of a prompt included."""
     computed = {new.req_id: new.num_computed_tokens for new in output.scheduled_new_reqs}
     cached = output.scheduled_cached_reqs
     computed.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
@@ -133,7 +135,10 @@ def step_shape(output: Any) -> StepShape:
     prefill: list[PrefillChunk] = []
     for req_id, num_tokens in output.num_scheduled_tokens.items():
         start = computed.get(req_id, 0)
-        if num_tokens == 1:
+        request = requests.get(req_id)
+        num_output = len(request.output_token_ids) if request is not None else 0
+        num_prompt = request.num_prompt_tokens if request is not None else start + num_tokens
+        if num_output and num_prompt + num_output - start == 1:
             decode.append(start)
         else:
             prefill.append(PrefillChunk(num_tokens, start))
