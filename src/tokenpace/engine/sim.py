@@ -8,7 +8,7 @@ import numpy as np
 
 from tokenpace.core.step import ScheduledChunk, StepResult
 from tokenpace.engine.kv_blocks import BlockAccountant, BlockAccountedEngine
-from tokenpace.engine.latency_model import LatencyModel, PrefillChunk
+from tokenpace.engine.latency_model import LatencyModel, StepShape
 from tokenpace.engine.profile import EngineProfile
 
 SIM_TOKEN_ID = 0
@@ -45,11 +45,7 @@ class SimEngine(BlockAccountedEngine):
         self._output_lengths: Mapping[int, int] = {} if output_lengths is None else output_lengths
 
     def execute(self, chunks: Sequence[ScheduledChunk]) -> StepResult:
-        num_decode = 0
-        decode_context = 0
-        decode_max_context = 0
-        decode_contexts: list[int] = []
-        prefill: list[PrefillChunk] = []
+        shape = StepShape.of(chunks)  # before the requests' computed tokens advance
         sampled: dict[int, int] = {}
         stopped: set[int] = set()
         lengths = self._output_lengths
@@ -65,21 +61,12 @@ class SimEngine(BlockAccountedEngine):
                     f"({uncomputed} uncomputed)"
                 )
             self._blocks.allocate(request, chunk.num_tokens)
-            if uncomputed > 1 or num_output == 0:  # prefilling (Request.is_prefilling)
-                prefill.append(PrefillChunk(chunk.num_tokens, computed))
-            else:
-                num_decode += 1
-                decode_context += computed
-                decode_max_context = max(decode_max_context, computed)
-                decode_contexts.append(computed)
             request.num_computed_tokens = computed + chunk.num_tokens
             if computed + chunk.num_tokens == num_tokens:
                 sampled[request.request_id] = SIM_TOKEN_ID
                 if num_output + 1 >= lengths.get(request.request_id, request.max_tokens):
                     stopped.add(request.request_id)
-        latency = self._latency.step_s(
-            num_decode, prefill, decode_context, decode_max_context, decode_contexts
-        )
+        latency = self._latency.shape_s(shape)
         if self.profile.noise_cv > 0 and latency > 0:
             factor = 1.0 + self.profile.noise_cv * float(self._rng.standard_normal())
             latency *= max(_MIN_NOISE_FACTOR, factor)
@@ -87,8 +74,8 @@ class SimEngine(BlockAccountedEngine):
             latency_s=latency,
             sampled_token_ids=sampled,
             stopped_ids=frozenset(stopped),
-            num_prefill_tokens=sum(c.num_tokens for c in prefill),
-            num_decode_tokens=num_decode,
+            num_prefill_tokens=sum(c.num_tokens for c in shape.prefill_chunks),
+            num_decode_tokens=len(shape.decode_contexts),
             num_used_blocks=self._blocks.num_used_blocks,
             num_total_blocks=self._blocks.num_total_blocks,
         )

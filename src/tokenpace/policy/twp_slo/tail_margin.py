@@ -53,8 +53,6 @@ class TailMargin:
             raise ValueError(f"gain must be positive, got {gain}")
         if credit < 0:
             raise ValueError(f"credit must be >= 0, got {credit}")
-        self.ceiling = ceiling
-        self.floor = floor
         self.share = share
         self.gain = gain
         self._log_ceiling = math.log(ceiling)
