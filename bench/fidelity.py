@@ -192,6 +192,12 @@ def run(args: Settings) -> None:
                 real, sim = measured.real, measured.simulated
                 spread = {NAMES[k]: round(v, 4) for k, v in measured.real_spread.items()}
                 over_profile = {k: round(v, 3) for k, v in measured.real_step_over_profile.items()}
+                run_speed = measured.real_speed
+                speed = (
+                    f"decode x{run_speed.decode:.3f}, prefill x{run_speed.prefill:.3f}"
+                    if run_speed is not None
+                    else "not measured"
+                )
                 drift = measured.real_speed_drift
                 moved = (
                     f"{drift.lowest:.2f}-{drift.highest:.2f} over {drift.num_windows} windows of "
@@ -213,8 +219,7 @@ def run(args: Settings) -> None:
                     f"median per window {moved}; "
                     f"errors {errors}; on Eq. 2 alone {eq2_errors}; without the "
                     f"{profile.idle_wake_ms:.1f} ms first step after idle {no_wake}; with "
-                    f"the simulated engine at the real runs' speed (x{measured.real_speed:.3f}) "
-                    f"{at_run_speed}",
+                    f"the simulated engine at the real runs' speed ({speed}) {at_run_speed}",
                     file=sys.stderr,
                     flush=True,
                 )

@@ -70,7 +70,8 @@ class FidelityResult:
     perfect simulator would still show against any one of them; ``real_speed_drift``: how
     the real engine's speed against the profile moved during its runs (``speed_drift``;
     the lowest and highest window over all repeats); ``real_speed``: how slow the real
-    engine ran against the profile over all its repeats (``run_speed``); and
+    engine ran against the profile over all its repeats, decode and prefill apart
+    (``run_speed``); and
     ``at_speed_relative_error``: the errors of a simulator whose engine runs at that speed
     (``at_speed``; its policy plans with ``profile``, as the real engine's did; empty
     without a measured speed), which leaves the latency model's and the scheduling's error
@@ -85,7 +86,7 @@ class FidelityResult:
     real_speed_drift: SpeedDrift | None = None
     real_spread: Mapping[str, float] = field(default_factory=dict)
     no_wake_relative_error: Mapping[str, float] = field(default_factory=dict)
-    real_speed: float = float("nan")
+    real_speed: RunSpeed | None = None
     at_speed_relative_error: Mapping[str, float] = field(default_factory=dict)
 
     @property
@@ -198,36 +199,90 @@ def step_over_profile(steps: Sequence[StepRecord], profile: EngineProfile) -> di
     return {kind: measured / predicted for kind, (measured, predicted) in sums.items()}
 
 
-def run_speed(runs: Sequence[Sequence[StepRecord]], profile: EngineProfile) -> float:
-    """How slow the engine ran against ``profile`` over the steps of ``runs`` (each run's
-    steps in the order run): their summed measured latency over the summed latency
-    ``profile`` gives them (``_predictions``); NaN without a nonempty step."""
-    measured = predicted = 0.0
+@dataclass(frozen=True, slots=True)
+class RunSpeed:
+    """How slow an engine ran against its profile, by the two parts a step's time is made
+    of: ``decode``, the decode batch's terms (floor, residual, decode attention), from the
+    steps that only decode; ``prefill``, what prefill adds (chunk costs, mixing and chunk
+    overheads, a prefill-only step's floor, a first step after idle), from the other steps
+    net of their decode part at the ``decode`` speed. A real engine need not slow both
+    alike (on a shared CPU its decode steps, bound by memory, and its prefill, bound by
+    compute, drift apart)."""
+
+    decode: float
+    prefill: float
+
+    @property
+    def finite(self) -> bool:
+        return math.isfinite(self.decode) and math.isfinite(self.prefill)
+
+
+def _decode_part_s(model: LatencyModel, step: StepRecord) -> float:
+    """``_predicted_s`` of ``step``'s decode batch alone (0 for a step that does not
+    decode)."""
+    if step.shape is not None:
+        return model.shape_s(replace(step.shape, prefill_chunks=()))
+    return model.step_s(step.num_decode_tokens, [])
+
+
+def run_speed(runs: Sequence[Sequence[StepRecord]], profile: EngineProfile) -> RunSpeed:
+    """``RunSpeed`` of the steps of ``runs`` (each run's steps in the order run) against
+    ``profile``: ``decode`` is the summed measured latency of the steps with nothing but
+    decode over the summed latency ``profile`` gives them (``_predictions``); ``prefill`` is
+    the other steps' summed measured latency, less their decode parts at that speed, over
+    the summed rest of their predicted latency. A part no step measured takes the other's
+    speed; both are NaN without a nonempty step."""
+    model = LatencyModel(profile)
+    decode_sums = [0.0, 0.0]
+    mixed: list[tuple[float, float, float]] = []  # measured, decode part, the rest
     for steps in runs:
         for step, value in zip(steps, _predictions(steps, profile), strict=True):
-            if value > 0:
-                measured += step.latency_s
-                predicted += value
-    return measured / predicted if predicted > 0 else float("nan")
+            if value <= 0:
+                continue
+            decode_part = _decode_part_s(model, step)
+            rest = value - decode_part
+            if rest <= 1e-12:
+                decode_sums[0] += step.latency_s
+                decode_sums[1] += value
+            else:
+                mixed.append((step.latency_s, decode_part, rest))
+    rest_total = sum(rest for _, _, rest in mixed)
+    decode = decode_sums[0] / decode_sums[1] if decode_sums[1] > 0 else float("nan")
+    if not math.isfinite(decode):
+        measured = sum(m for m, _, _ in mixed)
+        predicted = sum(d + r for _, d, r in mixed)
+        decode = measured / predicted if predicted > 0 else float("nan")
+    if not (rest_total > 0 and math.isfinite(decode)):
+        return RunSpeed(decode, decode)
+    prefill = sum(m - decode * d for m, d, _ in mixed) / rest_total
+    # A prefill part faster than a tenth of the profile is a misfit, not a speed.
+    return RunSpeed(decode, max(prefill, 0.1 * decode))
 
 
-def at_speed(profile: EngineProfile, factor: float) -> EngineProfile:
-    """``profile`` with every step-time term multiplied by ``factor``: the same engine on a
-    machine ``factor`` times as slow."""
-    if not factor > 0:
-        raise ValueError(f"factor must be positive, got {factor}")
+def at_speed(profile: EngineProfile, decode: float, prefill: float | None = None) -> EngineProfile:
+    """``profile`` with its decode terms (l_min, alpha, decode attention, the residual)
+    multiplied by ``decode`` and its prefill terms (per token, prefill attention, mixing
+    and per-chunk overheads, the prefill-only floor, the first step after idle) by
+    ``prefill`` (``decode`` when None): the same engine on a machine that many times as
+    slow, in each part (``RunSpeed``)."""
+    prefill = decode if prefill is None else prefill
+    for name, factor in (("decode", decode), ("prefill", prefill)):
+        if not factor > 0:
+            raise ValueError(f"{name} factor must be positive, got {factor}")
     return replace(
         profile,
-        l_min_ms=profile.l_min_ms * factor,
-        alpha_ms=profile.alpha_ms * factor,
-        prefill_ms_per_token=profile.prefill_ms_per_token * factor,
-        prefill_attention_ms_per_kctx=profile.prefill_attention_ms_per_kctx * factor,
-        mixed_prefill_overhead_ms=profile.mixed_prefill_overhead_ms * factor,
-        decode_attention_ms_per_kctx=profile.decode_attention_ms_per_kctx * factor,
-        decode_residual_ms=tuple((b, ms * factor) for b, ms in profile.decode_residual_ms),
-        prefill_chunk_overhead_ms=profile.prefill_chunk_overhead_ms * factor,
-        prefill_floor_ms=profile.prefill_floor_ms * factor,
-        idle_wake_ms=profile.idle_wake_ms * factor,
+        l_min_ms=profile.l_min_ms * decode,
+        alpha_ms=profile.alpha_ms * decode,
+        decode_attention_ms_per_kctx=profile.decode_attention_ms_per_kctx * decode,
+        decode_residual_ms=tuple((b, ms * decode) for b, ms in profile.decode_residual_ms),
+        prefill_ms_per_token=profile.prefill_ms_per_token * prefill,
+        prefill_attention_ms_per_kctx=profile.prefill_attention_ms_per_kctx * prefill,
+        mixed_prefill_overhead_ms=profile.mixed_prefill_overhead_ms * prefill,
+        prefill_chunk_overhead_ms=profile.prefill_chunk_overhead_ms * prefill,
+        # A step with prefill alone pays the floor at the prefill speed, also where the
+        # profile has no floor of its own (its floor is then decode_ms at batch 0).
+        prefill_floor_ms=LatencyModel(profile).floor_ms(0) * prefill,
+        idle_wake_ms=profile.idle_wake_ms * prefill,
     )
 
 
@@ -281,10 +336,10 @@ def measure_fidelity(
     for label, runner, run_profile in compared:
         run(label, runner, run_profile)
     speed = run_speed(real_steps, profile)
-    if math.isfinite(speed):
+    if speed.finite:
         # The policy plans with the profile, as it did on the real engine; the simulated
         # engine runs at the real one's speed.
-        run("at_speed", "sim", profile, at_speed(profile, speed))
+        run("at_speed", "sim", profile, at_speed(profile, speed.decode, speed.prefill))
 
     def errors(label: str) -> dict[str, float]:
         real, simulated = mean_compared(runs["real"]), mean_compared(runs[label])
