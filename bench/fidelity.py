@@ -16,9 +16,10 @@ profile as ``tokenpace bench --engine`` scales it (``metrics.slo.scaled_slo``), 
 Each load's line on stderr also gives the errors of a simulator on Eq. 2 alone (the profile
 without its measured decode residual), to show what the residual contributes, and without
 its cost of a first step after idle (``idle_wake_ms``), likewise; and of a simulator whose
-engine runs at the real runs' speed (every step-time term times the real steps' summed
-latency over what the profile gives the same steps) while its policy plans with the
-profile, as the real engine's did: what is left once the machine's speed during the runs
+engine runs at the real runs' speed (decode and prefill apart: the decode terms times the
+decode-only steps' summed latency over what the profile gives them, the prefill terms times
+the other steps' latency net of their decode part over the rest of what the profile gives
+them) while its policy plans with the profile, as the real engine's did: what is left once the machine's speed during the runs
 is known, the latency model's and the scheduling's own error; and the real
 engine's step time over what the profile gives the same steps, per kind of step (decode,
 mixed, prefill): far from 1, the engine did not run as it was profiled; and the median of
