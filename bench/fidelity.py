@@ -19,8 +19,9 @@ its cost of a first step after idle (``idle_wake_ms``), likewise; and of a simul
 engine runs at the real runs' speed (decode and prefill apart: the decode terms times the
 decode-only steps' summed latency over what the profile gives them, the prefill terms times
 the other steps' latency net of their decode part over the rest of what the profile gives
-them) while its policy plans with the profile, as the real engine's did: what is left once the machine's speed during the runs
-is known, the latency model's and the scheduling's own error; and the real
+them) while its policy plans with the profile, as the real engine's did: what is left once
+the machine's speed during the runs is known, the latency model's and the scheduling's own
+error; and the real
 engine's step time over what the profile gives the same steps, per kind of step (decode,
 mixed, prefill): far from 1, the engine did not run as it was profiled; and the median of
 that ratio per 5 s window, lowest to highest: windows that differ by more than the error

@@ -46,12 +46,17 @@ needs_float32_packing = pytest.mark.skipif(
 
 
 def _engine(**overrides: object) -> NativeEngine:
+    """An engine on the tiny model; decode attention by SDPA unless ``overrides`` say
+    otherwise, so that engines compared on another choice attend alike."""
+    overrides.setdefault("decode_attention", "sdpa")
     config = NativeEngineConfig(model=TINY, device="cpu", num_threads=1, **overrides)  # type: ignore[arg-type]
     return NativeEngine.load(config, rng=np.random.default_rng(0))
 
 
 def _twin(engine: NativeEngine, **overrides: object) -> NativeEngine:
-    """Another engine on ``engine``'s loaded model, configured by ``overrides``."""
+    """Another engine on ``engine``'s loaded model, configured by ``overrides`` (decode
+    attention by SDPA unless they say otherwise)."""
+    overrides.setdefault("decode_attention", "sdpa")
     config = NativeEngineConfig(model=TINY, device="cpu", **overrides)  # type: ignore[arg-type]
     return NativeEngine(engine.loaded, config, time.perf_counter, np.random.default_rng(0))
 
@@ -221,11 +226,14 @@ def test_decode_attention_by_products_keeps_the_greedy_outputs() -> None:
     assert _greedy(products) == _greedy(sdpa)
 
 
-def test_decode_attention_is_measured_only_on_cpu_with_float32_kv() -> None:
-    assert _engine(dtype="bfloat16").decode_attention == "sdpa"
-    measured = _engine(dtype="float32").decode_products_max_len
+def test_padded_decode_attention_is_measured_only_on_cpu_with_float32_kv() -> None:
+    # Without the ragged kernel (a twin is handed none): bfloat16 KV keeps SDPA.
+    base = _engine(dtype="bfloat16")
+    assert _twin(base, decode_attention="auto").decode_attention == "sdpa"
+    float32 = _engine(dtype="float32")
+    measured = _twin(float32, dtype="float32", decode_attention="auto").decode_products_max_len
     assert measured is None or 0 < measured <= 2048
-    with pytest.raises(ValueError, match="decode_attention must be auto, sdpa or products"):
+    with pytest.raises(ValueError, match="decode_attention must be auto, sdpa, products or ragged"):
         NativeEngineConfig(model=TINY, decode_attention="flash")
 
 

@@ -12,13 +12,14 @@ import torch
 from tokenpace.core.request import FinishReason, Request
 from tokenpace.engine.native import NativeEngine
 from tokenpace.engine.native.linear_kernels import packing_supported
+from tokenpace.engine.native.ragged_attention import build_ragged_decode
 from tokenpace.engine.profile import load_profile
 from tokenpace.policy import build_policy
 from tokenpace.policy.base import Policy
 from tokenpace.policy.vllm_default import VllmDefaultConfig, VllmDefaultPolicy
 from tokenpace.runtime.step_loop import StepLoop
 
-from .conftest import make_request
+from .conftest import CACHE_DIR, make_request
 
 pytestmark = [pytest.mark.native, pytest.mark.slow]
 
@@ -95,6 +96,24 @@ def test_float32_greedy_equals_generate_with_each_kernel_choice(
     loop = StepLoop(twp(), engine)
     requests = [make_request(i, ids) for i, ids in enumerate(prompt_ids)]
     run(loop, requests)
+    for request, reference in zip(requests, references, strict=True):
+        assert request.output_token_ids == reference, f"request {request.request_id}"
+
+
+def test_greedy_equals_generate_with_ragged_decode_attention(
+    make_engine: EngineFactory, prompt_ids: list[list[int]], references: list[list[int]]
+) -> None:
+    # Each request attended over its own keys by the compiled kernel: the same values as
+    # SDPA to float32 rounding, so the trained model's greedy choices must not move.
+    build = build_ragged_decode(CACHE_DIR / "kernels", torch.device("cpu"), torch.float32)
+    if build.kernel is None:
+        pytest.skip(build.reason)
+    engine = make_engine(dtype="float32", decode_attention="ragged", ragged=build)
+    assert engine.decode_attention == "ragged"
+    loop = StepLoop(twp(), engine)
+    requests = [make_request(i, ids) for i, ids in enumerate(prompt_ids)]
+    run(loop, requests)
+    assert any(s.num_prefill_tokens and s.num_decode_tokens for s in loop.steps), "no mixed step"
     for request, reference in zip(requests, references, strict=True):
         assert request.output_token_ids == reference, f"request {request.request_id}"
 

@@ -36,6 +36,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from tokenpace.engine.native.interleaved import beats
 from tokenpace.engine.native.kv_cache import SlotKVCache
+from tokenpace.engine.native.ragged_attention import RaggedDecode
 from tokenpace.engine.native.small_ops import OneThread
 
 ATTENTION_NAME = "tokenpace_slots"
@@ -142,7 +143,10 @@ class StepLayout:
     row attended 25-35% faster without the mask). ``decode_one_thread`` runs the decode
     attention on the calling thread (``small_ops.OneThread``): for small calls, where
     waking a sleeping thread costs more than the work it would take
-    (``measure_one_thread_decode_max_keys``).
+    (``measure_one_thread_decode_max_keys``). ``decode_ragged``, when set, attends the
+    decode rows by that kernel instead (``ragged_attention``), each over its own
+    ``decode_lengths[i]`` keys of slot ``decode_slots[i]``: nothing padded, no mask, no
+    peeling (``decode_visible`` then has no rows).
     """
 
     cache: SlotKVCache
@@ -159,6 +163,8 @@ class StepLayout:
     decode_bias: torch.Tensor | None = None
     decode_all_visible: bool = False
     decode_one_thread: bool = False
+    decode_ragged: RaggedDecode | None = None
+    decode_lengths: torch.Tensor | None = None
     write_cache_rows: torch.Tensor = field(init=False)
     prefill_calls: tuple[PrefillSpan | FreshRun, ...] = field(init=False)
 
@@ -281,6 +287,12 @@ def _decode(
     fused SDPA kernel reads KV in place."""
     n, num_q_heads, dim = q.shape
     num_kv_heads = keys.shape[1]
+    if layout.decode_ragged is not None and layout.decode_lengths is not None:
+        rows = q.reshape(n, num_kv_heads, num_q_heads // num_kv_heads, dim)
+        out = layout.decode_ragged(
+            rows, keys, values, layout.decode_slots, layout.decode_lengths, scale
+        )
+        return out.reshape(n, num_q_heads, dim)
     span = layout.decode_visible.shape[0]
     grouped = q.view(n, num_kv_heads, num_q_heads // num_kv_heads, dim)
     if not layout.decode_is_dense:

@@ -13,8 +13,9 @@ EMBEDDED_MODEL = "smollm2"
 DTYPES = DTYPE_CHOICES
 # ``pack_weights``: measured at load, always, never.
 PACK_WEIGHTS = ("auto", "on", "off")
-# ``decode_attention``: measured at load, the fused SDPA kernel, batched products.
-DECODE_ATTENTION = ("auto", "sdpa", "products")
+# ``decode_attention``: measured at load, the fused SDPA kernel, batched products, the
+# ragged kernel.
+DECODE_ATTENTION = ("auto", "sdpa", "products", "ragged")
 # ``decode_graphs``: captured on CUDA, captured (CUDA only), uncaptured pieces, never.
 DECODE_GRAPHS = ("auto", "on", "eager", "off")
 
@@ -73,10 +74,13 @@ class NativeEngineConfig:
     )
     decode_attention: str = option(
         "auto",
-        "How a step's padded decode attention runs: sdpa (torch's fused kernel), products "
-        "(batched matrix products and a softmax; the same values to rounding) or auto "
-        "(products up to the longest context where they are measured to win at load, on "
-        "CPU with float32 KV; sdpa elsewhere).",
+        "How a step's decode attention runs: ragged (a kernel compiled once per machine "
+        "that attends each request over its own context, on CPU with bfloat16 or float32 "
+        "KV; needs a C++ compiler), or padded to the step's longest context: sdpa (torch's "
+        "fused kernel) or products (batched matrix products and a softmax; the same values "
+        "to rounding). auto: ragged where it builds and is measured to win at load, else "
+        "products up to the longest context where they are measured to win (CPU, float32 "
+        "KV), else sdpa.",
         choices=DECODE_ATTENTION,
     )
     bf16_rows_max_tokens: int = option(
@@ -155,7 +159,7 @@ class NativeEngineConfig:
             )
         if self.decode_attention not in DECODE_ATTENTION:
             raise ValueError(
-                "NativeEngineConfig.decode_attention must be auto, sdpa or products, "
+                "NativeEngineConfig.decode_attention must be auto, sdpa, products or ragged, "
                 f"got {self.decode_attention!r}"
             )
         if self.decode_graphs not in DECODE_GRAPHS:

@@ -50,6 +50,12 @@ from tokenpace.engine.native.linear_kernels import (
 )
 from tokenpace.engine.native.loading import LoadedModel, load_model
 from tokenpace.engine.native.logprobs import token_logprobs
+from tokenpace.engine.native.ragged_attention import (
+    RaggedBuild,
+    RaggedDecode,
+    build_ragged_decode,
+    ragged_wins,
+)
 from tokenpace.engine.native.sampler import sample
 from tokenpace.engine.native.small_ops import SmallOps, measure_small_ops_max_elements
 from tokenpace.engine.native.stopping import should_stop
@@ -81,6 +87,7 @@ class NativeEngine(BlockAccountedEngine):
         config: NativeEngineConfig,
         clock: Clock,
         rng: np.random.Generator,
+        ragged: RaggedBuild | None = None,
     ) -> None:
         self.loaded = loaded
         self.config = config
@@ -110,7 +117,11 @@ class NativeEngine(BlockAccountedEngine):
             max_positions=config.max_model_len,
         )
         self._max_running = config.max_num_seqs
-        self.decode_products_max_len = self._choose_decode_attention()
+        self.ragged_build = ragged or RaggedBuild(None, "no ragged decode kernel was built")
+        self._ragged = self._choose_ragged(self.ragged_build)
+        self.decode_products_max_len = (
+            None if self._ragged is not None else self._choose_decode_attention()
+        )
         self.decode_one_thread_max_keys = self._choose_decode_one_thread()
         self._decode_graphs = self._choose_decode_graphs()
         self._attention_backends = attention_backends(loaded.device.type, config.cudnn_attention)
@@ -125,9 +136,16 @@ class NativeEngine(BlockAccountedEngine):
         clock: Clock = time.perf_counter,
         rng: np.random.Generator | None = None,
     ) -> NativeEngine:
-        """Load ``config.model`` (see ``load_model``) and build the engine on it."""
+        """Load ``config.model`` (see ``load_model``) and build the engine on it; where
+        ``config.decode_attention`` may take the ragged decode kernel, build it (once per
+        machine: cached under the cache dir's ``kernels``) or learn why it cannot be."""
         loaded = load_model(config, clock)
-        return cls(loaded, config, clock, rng if rng is not None else np.random.default_rng(0))
+        ragged = None
+        if config.decode_attention in ("auto", "ragged"):
+            kernels = config.resolved_cache_dir() / "kernels"
+            ragged = build_ragged_decode(kernels, loaded.device, loaded.dtype)
+        rng = rng if rng is not None else np.random.default_rng(0)
+        return cls(loaded, config, clock, rng, ragged)
 
     def _choose_kernel(self, weight: torch.Tensor) -> LinearKernel:
         """The projections' kernel: float32 products from ``upcast_min_rows`` tokens when
@@ -289,6 +307,24 @@ class NativeEngine(BlockAccountedEngine):
             self._decode_shape(), torch.float32, self.config.max_model_len, self._clock
         )
 
+    def _choose_ragged(self, build: RaggedBuild) -> RaggedDecode | None:
+        """The ragged decode kernel when ``decode_attention`` is ``ragged`` (refused with
+        the build's reason when there is none) or ``auto`` and it is measured to win over
+        the padded SDPA call (``ragged_wins``); else None."""
+        setting = self.config.decode_attention
+        if setting == "ragged" and build.kernel is None:
+            raise ValueError(f"decode_attention ragged: {build.reason}")
+        if setting not in ("auto", "ragged") or build.kernel is None:
+            return None
+        if setting == "ragged":
+            return build.kernel
+        shape = self._decode_shape()
+        wins = ragged_wins(
+            build.kernel, shape.num_kv_heads, shape.group, shape.head_dim, self.loaded.dtype,
+            self.config.max_model_len, self._clock,
+        )  # fmt: skip
+        return build.kernel if wins else None
+
     def _choose_decode_one_thread(self) -> int:
         """Up to how many keys in all a step's padded decode attention runs on the calling
         thread: the configured value, else on the CPU measured at load
@@ -361,8 +397,11 @@ class NativeEngine(BlockAccountedEngine):
 
     @property
     def decode_attention(self) -> str:
-        """How padded decode attention runs: ``sdpa``, or ``products<=N`` (batched
-        products up to a context of N keys, SDPA beyond)."""
+        """How decode attention runs: ``ragged`` (the compiled kernel, each request over
+        its own context), else padded: ``sdpa``, or ``products<=N`` (batched products up
+        to a context of N keys, SDPA beyond)."""
+        if self._ragged is not None:
+            return "ragged"
         limit = self.decode_products_max_len
         return "sdpa" if limit is None else f"products<={limit}"
 
@@ -516,23 +555,31 @@ class NativeEngine(BlockAccountedEngine):
         slots = [self._slot(c.request) for c in decode]
         lengths = [c.request.num_computed_tokens + 1 for c in decode]
         span = slots[-1] + 1 if slots else 0
-        # The longest few may be attended on their own; the padded call covers the rest up
-        # to the longest of them.
-        longest_first = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-        num_peeled, _ = peeled(
-            [lengths[i] for i in longest_first], span, MAX_PEELED, PEEL_CALL_TOKENS
-        )
-        peeled_rows = longest_first[:num_peeled]
-        max_len = lengths[longest_first[num_peeled]] if lengths else 0
-        # Slots that sit this step out still see one key: a fully masked row gives NaN.
-        span_lengths = torch.ones(span, dtype=torch.long)
-        span_lengths[slots] = torch.tensor(lengths, dtype=torch.long)
-        visible = torch.arange(max_len)[None, :] < span_lengths[:, None]
-        # One row attends faster through SDPA without a mask than as products.
+        ragged = self._ragged if decode else None
+        peeled_rows: list[int] = []
         bias = None
-        limit = self.decode_products_max_len
-        if limit is not None and span > 1 and 0 < max_len <= limit:
-            bias = score_bias(visible, self._cache.shape.num_kv_heads, self.loaded.dtype)
+        if ragged is not None:  # each request over its own keys: nothing padded
+            max_len = max(lengths)
+            visible = torch.ones((0, max_len), dtype=torch.bool)
+            attended_keys = sum(lengths)
+        else:
+            # The longest few may be attended on their own; the padded call covers the
+            # rest up to the longest of them.
+            longest_first = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+            num_peeled, _ = peeled(
+                [lengths[i] for i in longest_first], span, MAX_PEELED, PEEL_CALL_TOKENS
+            )
+            peeled_rows = longest_first[:num_peeled]
+            max_len = lengths[longest_first[num_peeled]] if lengths else 0
+            # Slots that sit this step out still see one key: a fully masked row gives NaN.
+            span_lengths = torch.ones(span, dtype=torch.long)
+            span_lengths[slots] = torch.tensor(lengths, dtype=torch.long)
+            visible = torch.arange(max_len)[None, :] < span_lengths[:, None]
+            attended_keys = span * max_len
+            # One row attends faster through SDPA without a mask than as products.
+            limit = self.decode_products_max_len
+            if limit is not None and span > 1 and 0 < max_len <= limit:
+                bias = score_bias(visible, self._cache.shape.num_kv_heads, self.loaded.dtype)
         spans: list[PrefillSpan] = []
         row = len(decode)
         write_rows = list(range(len(decode)))
@@ -562,7 +609,11 @@ class NativeEngine(BlockAccountedEngine):
             decode_peeled=tuple((row, slots[row], lengths[row]) for row in peeled_rows),
             decode_bias=None if bias is None else bias.to(device),
             decode_all_visible=bool(visible.all()),
-            decode_one_thread=0 < span * max_len <= self.decode_one_thread_max_keys,
+            decode_one_thread=0 < attended_keys <= self.decode_one_thread_max_keys,
+            decode_ragged=ragged,
+            decode_lengths=(
+                torch.tensor(lengths, dtype=torch.long, device=device) if ragged else None
+            ),
         )
 
     def _forward(

@@ -94,6 +94,12 @@ class NativeProbe:
             )
         dtype = str(loaded.dtype).removeprefix("torch.")  # what ``auto`` resolved to
         name = f"native-{Path(config.model).name}-{dtype}-{loaded.device.type}"
+        if self._engine.decode_attention == "ragged":
+            notes["decode_attention_padded"] = (
+                "Decode attends each request over its own context (the ragged kernel): its "
+                "cost grows with the summed context."
+            )
+            return EngineFacts(name, checkpoint_bytes, tuple(tiers), notes)
         notes["decode_attention_padded"] = (
             "Decode attends the packed slot rows up to the batch's longest context, masked: "
             f"its cost grows with batch size times the longest context; up to {MAX_PEELED} "

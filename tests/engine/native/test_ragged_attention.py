@@ -1,0 +1,193 @@
+"""The ragged decode kernel: SDPA's values over each request's own keys, its build and its
+place in the engine."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from itertools import count
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tokenpace.core.request import Request
+from tokenpace.core.sampling import SamplingParams
+from tokenpace.core.step import ScheduledChunk
+from tokenpace.engine.native import NativeEngine, NativeEngineConfig
+from tokenpace.engine.native import ragged_attention as module
+from tokenpace.engine.native.probe import NativeProbe
+from tokenpace.engine.native.ragged_attention import (
+    RaggedBuild,
+    RaggedDecode,
+    build_ragged_decode,
+    ragged_wins,
+)
+
+from .conftest import CACHE_DIR
+
+pytestmark = pytest.mark.native
+
+TINY = "random:tiny-llama"
+KERNELS = CACHE_DIR / "kernels"
+
+
+@pytest.fixture(scope="module")
+def kernel() -> RaggedDecode:
+    build = build_ragged_decode(KERNELS, torch.device("cpu"), torch.float32)
+    if build.kernel is None:
+        pytest.skip(build.reason)
+    return build.kernel
+
+
+def _reference(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    slots: list[int],
+    lengths: list[int],
+    scale: float,
+) -> torch.Tensor:
+    """SDPA of each request alone over its own keys, in float32."""
+    rows = []
+    for i, (slot, length) in enumerate(zip(slots, lengths, strict=True)):
+        rows.append(
+            F.scaled_dot_product_attention(
+                q[i : i + 1].float(),
+                keys[slot : slot + 1, :, :length].float(),
+                values[slot : slot + 1, :, :length].float(),
+                scale=scale,
+            )
+        )
+    return torch.cat(rows)
+
+
+@pytest.mark.parametrize(("dtype", "tolerance"), [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
+def test_each_request_is_attended_over_its_own_keys(
+    kernel: RaggedDecode, dtype: torch.dtype, tolerance: float
+) -> None:
+    # Slots out of order and not all of the cache's, contexts from 1 key to all positions.
+    generator = torch.Generator().manual_seed(0)
+    kv_heads, group, dim, positions = 3, 3, 64, 96
+    keys = torch.randn(9, kv_heads, positions, dim, generator=generator).to(dtype)
+    values = torch.randn(9, kv_heads, positions, dim, generator=generator).to(dtype)
+    slots, lengths = [7, 0, 3, 5, 1], [1, 96, 17, 64, 40]
+    q = torch.randn(len(slots), kv_heads, group, dim, generator=generator).to(dtype)
+    scale = dim**-0.5
+    out = kernel(q, keys, values, torch.tensor(slots), torch.tensor(lengths), scale)
+    assert out.dtype == dtype and out.shape == q.shape
+    expected = _reference(q, keys, values, slots, lengths, scale)
+    assert torch.allclose(out.float(), expected, atol=tolerance, rtol=tolerance)
+    # A key beyond a request's length never counts: changing it changes nothing.
+    keys[7, :, 1:] = 100.0
+    again = kernel(q, keys, values, torch.tensor(slots), torch.tensor(lengths), scale)
+    assert torch.equal(again, out)
+
+
+def test_bad_arguments_are_refused(kernel: RaggedDecode) -> None:
+    keys = torch.zeros(2, 1, 8, 4)
+    q = torch.zeros(1, 1, 2, 4)
+    with pytest.raises(RuntimeError, match=r"a length is outside 1 \.\. positions"):
+        kernel(q, keys, keys, torch.tensor([0]), torch.tensor([9]), 1.0)
+    with pytest.raises(RuntimeError, match="a slot is outside the cache"):
+        kernel(q, keys, keys, torch.tensor([2]), torch.tensor([1]), 1.0)
+    with pytest.raises(RuntimeError, match="share a dtype"):
+        kernel(q.double(), keys, keys, torch.tensor([0]), torch.tensor([1]), 1.0)
+
+
+def test_no_kernel_where_it_cannot_run_and_the_reason_is_given(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cpu = torch.device("cpu")
+    half = build_ragged_decode(KERNELS, cpu, torch.float16)
+    assert half.kernel is None and "bfloat16 or float32" in half.reason
+    meta = build_ragged_decode(KERNELS, torch.device("meta"), torch.float32)
+    assert meta.kernel is None and "CPU only" in meta.reason
+
+    def no_compiler(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("Error building extension: c++: not found")
+
+    monkeypatch.setattr("torch.utils.cpp_extension.load_inline", no_compiler)
+    monkeypatch.setattr(module, "_module_name", lambda: "tokenpace_ragged_decode_missing")
+    failed = build_ragged_decode(KERNELS, cpu, torch.float32)
+    assert failed.kernel is None
+    assert failed.reason == (
+        "building the ragged decode kernel failed: RuntimeError: Error building extension: "
+        "c++: not found"
+    )
+
+
+def test_the_probe_says_whether_the_kernel_wins(kernel: RaggedDecode) -> None:
+    # Either answer is legitimate; the probe must run on the engine's shapes and answer.
+    assert ragged_wins(kernel, 3, 3, 64, torch.float32, 64, time.perf_counter, 1) in (
+        True,
+        False,
+    )
+
+
+def _engine(**overrides: object) -> NativeEngine:
+    config = NativeEngineConfig(
+        model=TINY,
+        device="cpu",
+        num_threads=1,
+        cache_dir=CACHE_DIR,
+        **overrides,  # type: ignore[arg-type]
+    )
+    return NativeEngine.load(config, rng=np.random.default_rng(0))
+
+
+def _requests(ids: Iterator[int]) -> list[Request]:
+    params = SamplingParams(ignore_eos=True)
+    return [
+        Request(next(ids), n, max_tokens=12, arrival_s=0.0, sampling=params)
+        for n in (5, 40, 23, 61)
+    ]
+
+
+def _greedy(engine: NativeEngine) -> list[list[int]]:
+    """Four requests of other lengths, two prefilled whole and two in 16-token chunks beside
+    the decodes: their outputs."""
+    requests = _requests(count(1))
+    while any(r.num_output_tokens < r.max_tokens for r in requests):
+        chunks = [
+            ScheduledChunk(r, min(16, r.num_uncomputed_tokens))
+            for r in requests
+            if r.num_output_tokens < r.max_tokens
+        ]
+        result = engine.execute(chunks)
+        for request_id, token in result.sampled_token_ids.items():
+            request = next(r for r in requests if r.request_id == request_id)
+            request.output_token_ids.append(token)
+            request.token_times_s.append(0.0)
+    for request in requests:
+        engine.free(request.request_id)
+    return [r.output_token_ids for r in requests]
+
+
+def test_the_engine_attends_ragged_with_sdpas_greedy_outputs() -> None:
+    ragged = _engine(dtype="float32", decode_attention="ragged")
+    assert ragged.decode_attention == "ragged" and ragged.ragged_build.kernel is not None
+    sdpa = NativeEngine(
+        ragged.loaded,
+        NativeEngineConfig(model=TINY, device="cpu", decode_attention="sdpa"),
+        time.perf_counter,
+        np.random.default_rng(0),
+    )
+    assert sdpa.decode_attention == "sdpa"
+    assert _greedy(ragged) == _greedy(sdpa)
+    # Its profile prices decode attention by the summed context, not padded.
+    assert not NativeProbe(ragged).facts(measure_checkpoints=False).decode_attention_padded
+    assert NativeProbe(sdpa).facts(measure_checkpoints=False).decode_attention_padded
+
+
+def test_ragged_without_a_kernel_is_refused_with_the_reason() -> None:
+    base = _engine(dtype="float32", decode_attention="sdpa")
+    config = NativeEngineConfig(model=TINY, device="cpu", decode_attention="ragged")
+    with pytest.raises(ValueError, match=r"decode_attention ragged: the kernel .* float16"):
+        NativeEngine(
+            base.loaded, config, time.perf_counter, np.random.default_rng(0),
+            RaggedBuild(None, "the kernel takes bfloat16 or float32, not float16"),
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="decode_attention ragged: no ragged decode kernel"):
+        NativeEngine(base.loaded, config, time.perf_counter, np.random.default_rng(0))
