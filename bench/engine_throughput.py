@@ -14,9 +14,10 @@ reports the default's tokens/s over it per batch size (``fused_over_transformers
 (``pack_weights`` off) beside the default, when the default packed them (``packed``, or the
 float32 copies of ``upcast-packed``, against which ``off`` converts blocks per step), and
 reports ``packed_over_unpacked`` per batch size.
-``--compare-sdpa`` likewise runs the engine with its padded decode attention through torch's
-fused SDPA kernel beside the default, when the default runs it as batched products
-(``decode_attention``), and reports ``products_over_sdpa`` per batch size.
+``--compare-sdpa`` likewise runs the engine with its decode attention padded, through torch's
+fused SDPA kernel, beside the default, when the default runs it as batched products or by
+the ragged kernel (``decode_attention``), and reports ``products_over_sdpa`` or
+``ragged_over_sdpa`` per batch size.
 ``--compare-small-ops`` likewise runs the engine with every elementwise operation split over
 torch's threads (``small_ops_max_elements`` 0) beside the default, when the default runs
 small ones on one thread (``small_ops_max_elements``), and reports ``small_ops_over_split``.
@@ -317,7 +318,8 @@ class Settings:
     )
     compare_sdpa: bool = option(
         False,
-        "Also run the engine with decode attention through SDPA, when it chose batched products.",
+        "Also run the engine with decode attention through SDPA, when it chose batched "
+        "products or the ragged kernel.",
     )
     compare_small_ops: bool = option(
         False,
@@ -381,7 +383,13 @@ def run(args: Settings) -> None:
     if args.compare_bf16_rows and engine.bf16_rows_max_tokens:
         variants["bf16_rows_off"] = replace(config, bf16_rows_max_tokens=0)
     others = {
-        name: NativeEngine(engine.loaded, variant, time.perf_counter, np.random.default_rng(0))
+        name: NativeEngine(
+            engine.loaded,
+            variant,
+            time.perf_counter,
+            np.random.default_rng(0),
+            engine.ragged_build,
+        )
         for name, variant in variants.items()
     }
     bandwidth = measure_read_bandwidth_gb_s(engine.loaded.device)
@@ -408,6 +416,7 @@ def run(args: Settings) -> None:
             )
     transformers = compared.get("transformers", {})
     unpacked = compared.get("unpacked", {})
+    against_sdpa = compared.get("sdpa", {})
     model_dir = engine.loaded.checkpoint_dir
     forward_path, upcast_min_rows = engine.forward_path, engine.upcast_min_rows
     linear_kernel, decode_attention = engine.linear_kernel, engine.decode_attention
@@ -452,7 +461,12 @@ def run(args: Settings) -> None:
         or None,
         "fused_over_transformers": _tok_s_ratios(native, transformers),
         "packed_over_unpacked": _tok_s_ratios(native, unpacked),
-        "products_over_sdpa": _tok_s_ratios(native, compared.get("sdpa", {})),
+        "products_over_sdpa": (
+            None if decode_attention == "ragged" else _tok_s_ratios(native, against_sdpa)
+        ),
+        "ragged_over_sdpa": (
+            _tok_s_ratios(native, against_sdpa) if decode_attention == "ragged" else None
+        ),
         "small_ops_max_elements": small_ops_max_elements,
         "decode_one_thread_max_keys": decode_one_thread_max_keys,
         "small_ops_over_split": _tok_s_ratios(native, compared.get("split", {})),
