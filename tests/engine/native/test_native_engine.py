@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 
+from tokenpace.core.cache import default_cache_dir
 from tokenpace.core.request import FinishReason, Request
 from tokenpace.engine.native import NativeEngine
 from tokenpace.engine.native.linear_kernels import packing_supported
@@ -19,7 +20,7 @@ from tokenpace.policy.base import Policy
 from tokenpace.policy.vllm_default import VllmDefaultConfig, VllmDefaultPolicy
 from tokenpace.runtime.step_loop import StepLoop
 
-from .conftest import CACHE_DIR, make_request
+from .conftest import make_request
 
 pytestmark = [pytest.mark.native, pytest.mark.slow]
 
@@ -105,7 +106,8 @@ def test_greedy_equals_generate_with_ragged_decode_attention(
 ) -> None:
     # Each request attended over its own keys by the compiled kernel: the same values as
     # SDPA to float32 rounding, so the trained model's greedy choices must not move.
-    build = build_ragged_decode(CACHE_DIR / "kernels", torch.device("cpu"), torch.float32)
+    kernels = default_cache_dir() / "kernels"
+    build = build_ragged_decode(kernels, torch.device("cpu"), torch.float32)
     if build.kernel is None:
         pytest.skip(build.reason)
     engine = make_engine(dtype="float32", decode_attention="ragged", ragged=build)

@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tokenpace.core.cache import default_cache_dir
 from tokenpace.core.request import Request
 from tokenpace.core.sampling import SamplingParams
 from tokenpace.core.step import ScheduledChunk
@@ -30,7 +31,7 @@ from .conftest import CACHE_DIR
 pytestmark = pytest.mark.native
 
 TINY = "random:tiny-llama"
-KERNELS = CACHE_DIR / "kernels"
+KERNELS = default_cache_dir() / "kernels"
 
 
 @pytest.fixture(scope="module")

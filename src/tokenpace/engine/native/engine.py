@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from tokenpace.core.cache import default_cache_dir
 from tokenpace.core.logprobs import TokenLogprob
 from tokenpace.core.request import Request
 from tokenpace.core.step import ScheduledChunk, StepResult
@@ -138,11 +139,12 @@ class NativeEngine(BlockAccountedEngine):
     ) -> NativeEngine:
         """Load ``config.model`` (see ``load_model``) and build the engine on it; where
         ``config.decode_attention`` may take the ragged decode kernel, build it (once per
-        machine: cached under the cache dir's ``kernels``) or learn why it cannot be."""
+        machine, whatever the model: cached under the user cache dir's ``kernels``,
+        ``core.cache.default_cache_dir``) or learn why it cannot be."""
         loaded = load_model(config, clock)
         ragged = None
         if config.decode_attention in ("auto", "ragged"):
-            kernels = config.resolved_cache_dir() / "kernels"
+            kernels = default_cache_dir() / "kernels"
             ragged = build_ragged_decode(kernels, loaded.device, loaded.dtype)
         rng = rng if rng is not None else np.random.default_rng(0)
         return cls(loaded, config, clock, rng, ragged)
