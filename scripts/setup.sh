@@ -79,3 +79,13 @@ if wants native; then
   # The native engine's bfloat16 product of a few rows, likewise.
   .venv/bin/python -c 'import tokenpace.engine.native.bf16_rows'
 fi
+if wants native; then
+  # The native engine's ragged decode attention kernel (C++), built once per machine into the
+  # user cache dir, so that the first engine load does not pay its build (about 25 s). Where
+  # it cannot be built the engine keeps SDPA, saying why.
+  .venv/bin/python -c 'import torch
+from tokenpace.core.cache import default_cache_dir
+from tokenpace.engine.native.ragged_attention import build_ragged_decode
+build = build_ragged_decode(default_cache_dir() / "kernels", torch.device("cpu"), torch.bfloat16)
+print("scripts/setup.sh: ragged decode kernel:", "built" if build.kernel else build.reason)'
+fi
