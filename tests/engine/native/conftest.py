@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from itertools import count
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ pytest.importorskip("gguf", reason="converting the embedded model needs gguf (na
 
 from tokenpace.core.request import Request  # noqa: E402
 from tokenpace.core.sampling import SamplingParams  # noqa: E402
+from tokenpace.core.step import ScheduledChunk  # noqa: E402
 from tokenpace.engine.native import LoadedModel, NativeEngine, NativeEngineConfig  # noqa: E402
 from tokenpace.engine.native.loading import embedded_gguf_path, load_model  # noqa: E402
 from tokenpace.engine.native.ragged_attention import RaggedBuild  # noqa: E402
@@ -129,3 +131,28 @@ def scripted_clock(candidate_s: list[float], repeats: int = 3) -> Callable[[], f
             start = 10.0 * len(times)
             times += [start, start + 1.0, start + 1.0 + seconds]
     return iter(times).__next__
+
+
+def greedy_outputs(
+    engine: NativeEngine, prompt_lengths: Sequence[int] = (5, 9, 40, 23), max_tokens: int = 6
+) -> list[list[int]]:
+    """The greedy outputs of one request per prompt length (synthetic prompts, EOS
+    ignored), stepped by hand: prompts of up to 16 tokens prefilled whole, longer ones in
+    16-token chunks beside the others' decodes."""
+    params = SamplingParams(ignore_eos=True)
+    ids = count(1)
+    requests = [Request(next(ids), n, max_tokens, 0.0, sampling=params) for n in prompt_lengths]
+    while any(r.num_output_tokens < r.max_tokens for r in requests):
+        chunks = [
+            ScheduledChunk(r, min(16, r.num_uncomputed_tokens))
+            for r in requests
+            if r.num_output_tokens < r.max_tokens
+        ]
+        result = engine.execute(chunks)
+        for request_id, token in result.sampled_token_ids.items():
+            request = next(r for r in requests if r.request_id == request_id)
+            request.output_token_ids.append(token)
+            request.token_times_s.append(0.0)
+    for request in requests:
+        engine.free(request.request_id)
+    return [r.output_token_ids for r in requests]

@@ -18,8 +18,8 @@ from tokenpace.engine.native.linear_kernels import (
     measure_few_rows_max_bytes,
 )
 
-from .conftest import scripted_clock
-from .test_fused_forward import TINY, _greedy, assert_mostly_the_same_tokens, needs_packing
+from .conftest import greedy_outputs, scripted_clock
+from .test_fused_forward import TINY, assert_mostly_the_same_tokens, needs_packing
 
 pytestmark = pytest.mark.native
 
@@ -93,7 +93,7 @@ def test_the_engine_reads_bfloat16_weights_for_few_rows_keeping_greedy_outputs(
     def config(few_rows: int) -> NativeEngineConfig:
         return NativeEngineConfig(
             model=TINY, device="cpu", num_threads=1, dtype="bfloat16", upcast_min_tokens=0,
-            pack_weights=pack_weights, bf16_rows_max_tokens=few_rows,
+            pack_weights=pack_weights, bf16_rows_max_tokens=few_rows, decode_attention="sdpa",
         )  # fmt: skip
 
     reference = NativeEngine.load(config(0), rng=np.random.default_rng(0))
@@ -103,7 +103,7 @@ def test_the_engine_reads_bfloat16_weights_for_few_rows_keeping_greedy_outputs(
     assert isinstance(kernel, UpcastLinear | PackedLinear) and isinstance(kernel, kernel_type)
     assert kernel.few_rows_max_bytes > 0
     assert few.linear_kernel == reference.linear_kernel
-    assert_mostly_the_same_tokens(_greedy(few), _greedy(reference))
+    assert_mostly_the_same_tokens(greedy_outputs(few), greedy_outputs(reference))
 
 
 def test_reading_bfloat16_weights_is_refused_for_float32_ones() -> None:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from itertools import count
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +10,6 @@ import pytest
 import torch
 
 from tokenpace.core.request import Request
-from tokenpace.core.sampling import SamplingParams
 from tokenpace.core.step import ScheduledChunk
 from tokenpace.engine.native import NativeEngine, NativeEngineConfig, attention
 from tokenpace.engine.native.linear_kernels import (
@@ -32,6 +29,8 @@ from tokenpace.engine.native.linear_kernels import (
 from tokenpace.engine.native.loading import load_model
 from tokenpace.engine.native.random_model import shipped_configs
 from tokenpace.engine.native.small_ops import OneThread
+
+from .conftest import greedy_outputs
 
 pytestmark = pytest.mark.native
 
@@ -61,35 +60,11 @@ def _twin(engine: NativeEngine, **overrides: object) -> NativeEngine:
     return NativeEngine(engine.loaded, config, time.perf_counter, np.random.default_rng(0))
 
 
-def _requests(ids: Iterator[int]) -> list[Request]:
-    params = SamplingParams(ignore_eos=True)
-    return [Request(next(ids), n, 6, 0.0, sampling=params) for n in (5, 9, 40, 23)]
-
-
-def _greedy(engine: NativeEngine) -> list[list[int]]:
-    """Four requests: two prefilled whole, two in 16-token chunks mixed with decodes."""
-    requests = _requests(count(1))
-    while any(r.num_output_tokens < r.max_tokens for r in requests):
-        chunks = [
-            ScheduledChunk(r, min(16, r.num_uncomputed_tokens))
-            for r in requests
-            if r.num_output_tokens < r.max_tokens
-        ]
-        result = engine.execute(chunks)
-        for request_id, token in result.sampled_token_ids.items():
-            request = next(r for r in requests if r.request_id == request_id)
-            request.output_token_ids.append(token)
-            request.token_times_s.append(0.0)
-    for request in requests:
-        engine.free(request.request_id)
-    return [r.output_token_ids for r in requests]
-
-
 def test_fused_and_transformers_paths_agree_on_mixed_steps() -> None:
     fused = _engine(dtype="float32")
     plain = _twin(fused, dtype="float32", fused_forward=False)
     assert (fused.forward_path, plain.forward_path) == ("fused", "transformers")
-    assert _greedy(fused) == _greedy(plain)
+    assert greedy_outputs(fused) == greedy_outputs(plain)
 
 
 @pytest.mark.parametrize(
@@ -104,7 +79,7 @@ def test_upcast_products_keep_bfloat16_greedy_outputs(pack_weights: str, kernel:
     upcast = _twin(native, upcast_min_tokens=1, pack_weights=pack_weights)
     assert (native.upcast_min_rows, upcast.upcast_min_rows) == (None, 1)
     assert (native.linear_kernel, upcast.linear_kernel) == ("plain", kernel)
-    assert_mostly_the_same_tokens(_greedy(upcast), _greedy(native))
+    assert_mostly_the_same_tokens(greedy_outputs(upcast), greedy_outputs(native))
 
 
 def assert_mostly_the_same_tokens(outputs: list[list[int]], reference: list[list[int]]) -> None:
@@ -216,14 +191,14 @@ def test_packed_weights_keep_the_greedy_outputs_exactly() -> None:
     )
     packed = _twin(plain, upcast_min_tokens=0, pack_weights="on", bf16_rows_max_tokens=0)
     assert (plain.linear_kernel, packed.linear_kernel) == ("plain", "packed")
-    assert _greedy(packed) == _greedy(plain)
+    assert greedy_outputs(packed) == greedy_outputs(plain)
 
 
 def test_decode_attention_by_products_keeps_the_greedy_outputs() -> None:
     sdpa = _engine(dtype="float32", decode_attention="sdpa")
     products = _twin(sdpa, dtype="float32", decode_attention="products")
     assert (sdpa.decode_attention, products.decode_attention) == ("sdpa", "products<=2048")
-    assert _greedy(products) == _greedy(sdpa)
+    assert greedy_outputs(products) == greedy_outputs(sdpa)
 
 
 def test_padded_decode_attention_is_measured_only_on_cpu_with_float32_kv() -> None:
@@ -255,7 +230,7 @@ def test_packed_float32_weights_give_the_float32_products_to_rounding() -> None:
         torch.testing.assert_close(PackedLinear()(x, prepared), x @ weight.T)
     pairs = [
         (a, b)
-        for out, ref in zip(_greedy(packed), _greedy(plain), strict=True)
+        for out, ref in zip(greedy_outputs(packed), greedy_outputs(plain), strict=True)
         for a, b in zip(out, ref, strict=True)
     ]
     # As with the upcast products: near-uniform logits of random weights, where one
@@ -333,9 +308,9 @@ def test_small_decode_attention_on_one_thread_keeps_the_outputs_exactly(
             super().__enter__()
 
     monkeypatch.setattr(attention, "OneThread", Counted)
-    reference = _greedy(split)
+    reference = greedy_outputs(split)
     assert entered == []
-    assert _greedy(alone) == reference
+    assert greedy_outputs(alone) == reference
     # Every step but the first prefills decodes at least one request.
     assert len(entered) >= 5
     with pytest.raises(ValueError, match="decode_one_thread_max_keys must be -1"):

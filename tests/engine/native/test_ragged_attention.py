@@ -4,8 +4,6 @@ place in the engine."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from itertools import count
 
 import numpy as np
 import pytest
@@ -13,9 +11,6 @@ import torch
 import torch.nn.functional as F
 
 from tokenpace.core.cache import default_cache_dir
-from tokenpace.core.request import Request
-from tokenpace.core.sampling import SamplingParams
-from tokenpace.core.step import ScheduledChunk
 from tokenpace.engine.native import NativeEngine, NativeEngineConfig
 from tokenpace.engine.native import ragged_attention as module
 from tokenpace.engine.native.probe import NativeProbe
@@ -26,7 +21,7 @@ from tokenpace.engine.native.ragged_attention import (
     ragged_wins,
 )
 
-from .conftest import CACHE_DIR
+from .conftest import CACHE_DIR, greedy_outputs
 
 pytestmark = pytest.mark.native
 
@@ -138,34 +133,6 @@ def _engine(**overrides: object) -> NativeEngine:
     return NativeEngine.load(config, rng=np.random.default_rng(0))
 
 
-def _requests(ids: Iterator[int]) -> list[Request]:
-    params = SamplingParams(ignore_eos=True)
-    return [
-        Request(next(ids), n, max_tokens=12, arrival_s=0.0, sampling=params)
-        for n in (5, 40, 23, 61)
-    ]
-
-
-def _greedy(engine: NativeEngine) -> list[list[int]]:
-    """Four requests of other lengths, two prefilled whole and two in 16-token chunks beside
-    the decodes: their outputs."""
-    requests = _requests(count(1))
-    while any(r.num_output_tokens < r.max_tokens for r in requests):
-        chunks = [
-            ScheduledChunk(r, min(16, r.num_uncomputed_tokens))
-            for r in requests
-            if r.num_output_tokens < r.max_tokens
-        ]
-        result = engine.execute(chunks)
-        for request_id, token in result.sampled_token_ids.items():
-            request = next(r for r in requests if r.request_id == request_id)
-            request.output_token_ids.append(token)
-            request.token_times_s.append(0.0)
-    for request in requests:
-        engine.free(request.request_id)
-    return [r.output_token_ids for r in requests]
-
-
 def test_the_engine_attends_ragged_with_sdpas_greedy_outputs(kernel: RaggedDecode) -> None:
     # ``kernel``: skipped, with the reason, where the kernel cannot be built.
     ragged = _engine(dtype="float32", decode_attention="ragged")
@@ -177,7 +144,8 @@ def test_the_engine_attends_ragged_with_sdpas_greedy_outputs(kernel: RaggedDecod
         np.random.default_rng(0),
     )
     assert sdpa.decode_attention == "sdpa"
-    assert _greedy(ragged) == _greedy(sdpa)
+    lengths = (5, 40, 23, 61)  # other lengths: the decodes differ in context
+    assert greedy_outputs(ragged, lengths, 12) == greedy_outputs(sdpa, lengths, 12)
     # Its profile prices decode attention by the summed context, not padded.
     assert not NativeProbe(ragged).facts(measure_checkpoints=False).decode_attention_padded
     assert NativeProbe(sdpa).facts(measure_checkpoints=False).decode_attention_padded
