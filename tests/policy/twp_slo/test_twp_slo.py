@@ -383,7 +383,7 @@ def test_the_tail_margin_lowers_window_and_budget_when_steps_vary_while_serving(
     third run 30% over it (104 ms, over the 100 ms objective) lower the window and the
     budget's target together, until those steps fit the objective: the window is sized for
     the lower target, so a prefill chunk keeps room beside the window's decodes. With
-    ``use_tail_margin`` off (the default) nothing moves."""
+    ``use_tail_margin`` off nothing moves."""
     decoding = [running(100 + i, 10, 500, 1) for i in range(20)]
     queue = [request(i, prompt=4000, max_tokens=100) for i in range(3)]
 
@@ -397,11 +397,11 @@ def test_the_tail_margin_lowers_window_and_budget_when_steps_vary_while_serving(
         return policy
 
     target = config(paper_profile).itl_target_ms
-    steady = after([1.0, 0.98, 1.02] * 200, use_tail_margin=True)
+    steady = after([1.0, 0.98, 1.02] * 200)
     assert steady.telemetry()["budget_target_ms"] == target
     noisy = [1.0, 1.3, 0.9] * 200
-    policy = after(noisy, use_tail_margin=True)
-    off = after(noisy)
+    policy = after(noisy)
+    off = after(noisy, use_tail_margin=False)
     telemetry = policy.telemetry()
     assert 0.9 * 100 / 1.3 < telemetry["budget_target_ms"] <= 100 / 1.3
     assert telemetry["budget_target_ms"] == pytest.approx(100.0 * telemetry["itl_target_fraction"])

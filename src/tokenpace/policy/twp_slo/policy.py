@@ -559,11 +559,11 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "twp_slo-no_late_yield": {"use_late_yield": False},
     "twp_slo-no_balance_floor": {"use_balance_floor": False},
     "twp_slo-unbounded_forced": {"max_forced_share": 1.0},
+    "twp_slo-no_tail_margin": {"use_tail_margin": False},
 }
 # Opt-in changes, off in ``twp_slo`` itself: each variant switches one on.
 OPT_INS: dict[str, dict[str, Any]] = {
     "twp_slo-early_reject": {"early_reject": True},
-    "twp_slo-tail_margin": {"use_tail_margin": True},
 }
 
 
