@@ -21,7 +21,7 @@ from tokenpace.engine.native.ragged_attention import (
     ragged_wins,
 )
 
-from .conftest import CACHE_DIR, greedy_outputs
+from .conftest import CACHE_DIR, greedy_outputs, scripted_clock
 
 pytestmark = pytest.mark.native
 
@@ -114,12 +114,14 @@ def test_no_kernel_where_it_cannot_run_and_the_reason_is_given(
     )
 
 
-def test_the_probe_says_whether_the_kernel_wins(kernel: RaggedDecode) -> None:
-    # Either answer is legitimate; the probe must run on the engine's shapes and answer.
-    assert ragged_wins(kernel, 3, 3, 64, torch.float32, 64, time.perf_counter, 1) in (
-        True,
-        False,
-    )
+def test_the_probe_takes_the_kernel_only_when_it_is_timed_faster(kernel: RaggedDecode) -> None:
+    # The probe runs both calls on the engine's shapes; a scripted clock decides who won.
+    def wins(kernel_s: float) -> bool:
+        clock = scripted_clock([kernel_s], repeats=2)
+        return ragged_wins(kernel, 3, 3, 64, torch.float32, 64, clock, repeats=2)
+
+    assert wins(0.5)
+    assert not wins(1.5)
 
 
 def _engine(**overrides: object) -> NativeEngine:
