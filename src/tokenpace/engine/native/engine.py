@@ -614,7 +614,9 @@ class NativeEngine(BlockAccountedEngine):
             decode_one_thread=0 < attended_keys <= self.decode_one_thread_max_keys,
             decode_ragged=ragged,
             decode_lengths=(
-                torch.tensor(lengths, dtype=torch.long, device=device) if ragged else None
+                torch.tensor(lengths, dtype=torch.long, device=device)
+                if ragged is not None
+                else None
             ),
         )
 
