@@ -133,8 +133,14 @@ def run(args: DecodeAttentionSettings) -> None:
     rng = np.random.default_rng(0)
     engines = {
         "ragged": ragged,
+        # The same elementwise work on both: only the decode attention differs.
         "sdpa": NativeEngine(
-            ragged.loaded, replace(config, decode_attention="sdpa"), time.perf_counter, rng
+            ragged.loaded,
+            replace(config, decode_attention="sdpa"),
+            time.perf_counter,
+            rng,
+            None,
+            ragged.elementwise_build,
         ),
     }
     auto = NativeEngine(

@@ -18,6 +18,9 @@ reports ``packed_over_unpacked`` per batch size.
 fused SDPA kernel, beside the default, when the default runs it as batched products or by
 the ragged kernel (``decode_attention``), and reports ``products_over_sdpa`` or
 ``ragged_over_sdpa`` per batch size.
+``--compare-elementwise`` likewise runs the engine with the elementwise work between its
+products by torch's operations (``elementwise`` torch) beside the default, when the default
+runs the compiled kernel (``elementwise``), and reports ``compiled_over_torch_elementwise``.
 ``--compare-small-ops`` likewise runs the engine with every elementwise operation split over
 torch's threads (``small_ops_max_elements`` 0) beside the default, when the default runs
 small ones on one thread (``small_ops_max_elements``), and reports ``small_ops_over_split``.
@@ -321,6 +324,11 @@ class Settings:
         "Also run the engine with decode attention through SDPA, when it chose batched "
         "products or the ragged kernel.",
     )
+    compare_elementwise: bool = option(
+        False,
+        "Also run the engine with its elementwise work by torch's operations, when it runs "
+        "the compiled kernel.",
+    )
     compare_small_ops: bool = option(
         False,
         "Also run the engine with small elementwise operations split over its threads, when "
@@ -376,6 +384,8 @@ def run(args: Settings) -> None:
         variants["unpacked"] = replace(config, pack_weights="off")
     if args.compare_sdpa and engine.decode_attention != "sdpa":
         variants["sdpa"] = replace(config, decode_attention="sdpa")
+    if args.compare_elementwise and engine.elementwise == "compiled":
+        variants["torch_elementwise"] = replace(config, elementwise="torch")
     if args.compare_small_ops and engine.small_ops.max_elements:
         variants["split"] = replace(config, small_ops_max_elements=0)
     if args.compare_one_thread_decode and engine.decode_one_thread_max_keys:
@@ -389,6 +399,7 @@ def run(args: Settings) -> None:
             time.perf_counter,
             np.random.default_rng(0),
             engine.ragged_build,
+            engine.elementwise_build,
         )
         for name, variant in variants.items()
     }
@@ -406,7 +417,8 @@ def run(args: Settings) -> None:
         print(
             f"native B={batch}: {native[batch]['tok_s']:.1f} tok/s, decode step "
             f"{native[batch]['decode_step_ms_p50']:.1f} ms ({engine.forward_path}, "
-            f"{engine.linear_kernel}, {engine.decode_attention})"
+            f"{engine.linear_kernel}, {engine.decode_attention}, {engine.elementwise} "
+            "elementwise)"
         )
         for name, measured in zip(others, results[1:], strict=True):
             compared[name][batch] = measured
@@ -420,6 +432,7 @@ def run(args: Settings) -> None:
     model_dir = engine.loaded.checkpoint_dir
     forward_path, upcast_min_rows = engine.forward_path, engine.upcast_min_rows
     linear_kernel, decode_attention = engine.linear_kernel, engine.decode_attention
+    elementwise = engine.elementwise
     small_ops_max_elements = engine.small_ops.max_elements
     decode_one_thread_max_keys = engine.decode_one_thread_max_keys
     bf16_rows_max_tokens = engine.bf16_rows_max_tokens
@@ -445,6 +458,7 @@ def run(args: Settings) -> None:
         "upcast_min_rows": upcast_min_rows,
         "linear_kernel": linear_kernel,
         "decode_attention": decode_attention,
+        "elementwise": elementwise,
         "prompt_tokens": args.input_len,
         "output_tokens": args.output_len,
         "native_tok_s": {str(b): round(r["tok_s"], 1) for b, r in native.items()},
@@ -466,6 +480,9 @@ def run(args: Settings) -> None:
         ),
         "ragged_over_sdpa": (
             _tok_s_ratios(native, against_sdpa) if decode_attention == "ragged" else None
+        ),
+        "compiled_over_torch_elementwise": _tok_s_ratios(
+            native, compared.get("torch_elementwise", {})
         ),
         "small_ops_max_elements": small_ops_max_elements,
         "decode_one_thread_max_keys": decode_one_thread_max_keys,

@@ -23,6 +23,7 @@ from tokenpace.core.request import Request  # noqa: E402
 from tokenpace.core.sampling import SamplingParams  # noqa: E402
 from tokenpace.core.step import ScheduledChunk  # noqa: E402
 from tokenpace.engine.native import LoadedModel, NativeEngine, NativeEngineConfig  # noqa: E402
+from tokenpace.engine.native.elementwise import ElementwiseBuild  # noqa: E402
 from tokenpace.engine.native.loading import embedded_gguf_path, load_model  # noqa: E402
 from tokenpace.engine.native.ragged_attention import RaggedBuild  # noqa: E402
 
@@ -97,14 +98,21 @@ def references(loaded: LoadedModel, prompt_ids: list[list[int]]) -> list[list[in
 @pytest.fixture
 def make_engine(loaded: LoadedModel) -> Iterator[Callable[..., NativeEngine]]:
     """Build engines on the shared model; ``kv_cache_tokens`` etc. as keyword overrides,
-    ``ragged`` the ragged decode kernel's build to hand them."""
+    ``ragged`` the ragged decode kernel's build and ``elementwise_build`` the elementwise
+    kernel's to hand them."""
 
-    def make(ragged: RaggedBuild | None = None, **overrides: Any) -> NativeEngine:
+    def make(
+        ragged: RaggedBuild | None = None,
+        elementwise_build: ElementwiseBuild | None = None,
+        **overrides: Any,
+    ) -> NativeEngine:
         overrides.setdefault("dtype", "float32")
         config = NativeEngineConfig(
             cache_dir=CACHE_DIR, device="cpu", num_threads=NUM_THREADS, **overrides
         )
-        return NativeEngine(loaded, config, time.perf_counter, np.random.default_rng(0), ragged)
+        return NativeEngine(
+            loaded, config, time.perf_counter, np.random.default_rng(0), ragged, elementwise_build
+        )
 
     yield make
 

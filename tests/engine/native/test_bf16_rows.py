@@ -94,6 +94,7 @@ def test_the_engine_reads_bfloat16_weights_for_few_rows_keeping_greedy_outputs(
         return NativeEngineConfig(
             model=TINY, device="cpu", num_threads=1, dtype="bfloat16", upcast_min_tokens=0,
             pack_weights=pack_weights, bf16_rows_max_tokens=few_rows, decode_attention="sdpa",
+            elementwise="torch",
         )  # fmt: skip
 
     reference = NativeEngine.load(config(0), rng=np.random.default_rng(0))

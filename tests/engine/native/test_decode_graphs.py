@@ -24,16 +24,18 @@ SIZES_USED = (1, 4, 8, 16, 72)  # the step sizes ``_decode`` runs in
 
 @pytest.fixture(scope="module")
 def reference() -> NativeEngine:
-    # Decode attention by SDPA on both sides: the pieces are compared, not the attention.
+    # Decode attention by SDPA and elementwise work by torch on both sides: the pieces are
+    # compared, not the attention or the elementwise kernel.
     config = NativeEngineConfig(
         model=TINY, device="cpu", dtype="float32", num_threads=1, max_num_seqs=16,
-        decode_attention="sdpa",
+        decode_attention="sdpa", elementwise="torch",
     )  # fmt: skip
     return NativeEngine.load(config, rng=np.random.default_rng(0))
 
 
 def _twin(engine: NativeEngine, **overrides: object) -> NativeEngine:
     overrides.setdefault("decode_attention", "sdpa")
+    overrides.setdefault("elementwise", "torch")
     config = NativeEngineConfig(
         model=TINY,
         device="cpu",

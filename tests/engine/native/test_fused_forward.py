@@ -45,17 +45,20 @@ needs_float32_packing = pytest.mark.skipif(
 
 
 def _engine(**overrides: object) -> NativeEngine:
-    """An engine on the tiny model; decode attention by SDPA unless ``overrides`` say
-    otherwise, so that engines compared on another choice attend alike."""
+    """An engine on the tiny model; decode attention by SDPA and elementwise work by torch
+    unless ``overrides`` say otherwise, so that engines compared on another choice attend
+    and round alike."""
     overrides.setdefault("decode_attention", "sdpa")
+    overrides.setdefault("elementwise", "torch")
     config = NativeEngineConfig(model=TINY, device="cpu", num_threads=1, **overrides)  # type: ignore[arg-type]
     return NativeEngine.load(config, rng=np.random.default_rng(0))
 
 
 def _twin(engine: NativeEngine, **overrides: object) -> NativeEngine:
     """Another engine on ``engine``'s loaded model, configured by ``overrides`` (decode
-    attention by SDPA unless they say otherwise)."""
+    attention by SDPA and elementwise work by torch unless they say otherwise)."""
     overrides.setdefault("decode_attention", "sdpa")
+    overrides.setdefault("elementwise", "torch")
     config = NativeEngineConfig(model=TINY, device="cpu", **overrides)  # type: ignore[arg-type]
     return NativeEngine(engine.loaded, config, time.perf_counter, np.random.default_rng(0))
 

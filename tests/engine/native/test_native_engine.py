@@ -12,6 +12,7 @@ import torch
 from tokenpace.core.cache import default_cache_dir
 from tokenpace.core.request import FinishReason, Request
 from tokenpace.engine.native import NativeEngine
+from tokenpace.engine.native.elementwise import build_elementwise
 from tokenpace.engine.native.linear_kernels import packing_supported
 from tokenpace.engine.native.ragged_attention import build_ragged_decode
 from tokenpace.engine.profile import load_profile
@@ -116,6 +117,24 @@ def test_greedy_equals_generate_with_ragged_decode_attention(
     requests = [make_request(i, ids) for i, ids in enumerate(prompt_ids)]
     run(loop, requests)
     assert any(s.num_prefill_tokens and s.num_decode_tokens for s in loop.steps), "no mixed step"
+    for request, reference in zip(requests, references, strict=True):
+        assert request.output_token_ids == reference, f"request {request.request_id}"
+
+
+def test_greedy_equals_generate_with_the_compiled_elementwise_kernel(
+    make_engine: EngineFactory, prompt_ids: list[list[int]], references: list[list[int]]
+) -> None:
+    # Norms, RoPE, residual adds and the gated activation in one pass each: torch's values
+    # to float32 rounding, so the trained model's greedy choices must not move.
+    kernels = default_cache_dir() / "kernels"
+    build = build_elementwise(kernels, torch.device("cpu"), torch.float32)
+    if build.kernel is None:
+        pytest.skip(build.reason)
+    engine = make_engine(dtype="float32", elementwise="compiled", elementwise_build=build)
+    assert engine.elementwise == "compiled"
+    loop = StepLoop(twp(), engine)
+    requests = [make_request(i, ids) for i, ids in enumerate(prompt_ids)]
+    run(loop, requests)
     for request, reference in zip(requests, references, strict=True):
         assert request.output_token_ids == reference, f"request {request.request_id}"
 

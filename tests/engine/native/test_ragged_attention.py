@@ -137,7 +137,7 @@ def _engine(**overrides: object) -> NativeEngine:
 
 def test_the_engine_attends_ragged_with_sdpas_greedy_outputs(kernel: RaggedDecode) -> None:
     # ``kernel``: skipped, with the reason, where the kernel cannot be built.
-    ragged = _engine(dtype="float32", decode_attention="ragged")
+    ragged = _engine(dtype="float32", decode_attention="ragged", elementwise="torch")
     assert ragged.decode_attention == "ragged" and ragged.ragged_build.kernel is not None
     sdpa = NativeEngine(
         ragged.loaded,

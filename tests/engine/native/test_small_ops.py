@@ -125,10 +125,11 @@ def test_small_work_on_one_thread_gives_the_same_values(
     settings: dict[str, Any] = {"upcast_min_tokens": 1} if upcast else {}
 
     def config(limit: int) -> NativeEngineConfig:
-        # Decode attention by SDPA on both sides: the split is compared, not the attention.
+        # Decode attention by SDPA and elementwise work by torch on both sides: the split is
+        # compared, not the attention or the elementwise kernel.
         return NativeEngineConfig(
-            model=TINY, device="cpu", num_threads=2, dtype=dtype,
-            small_ops_max_elements=limit, decode_attention="sdpa", **settings,
+            model=TINY, device="cpu", num_threads=2, dtype=dtype, small_ops_max_elements=limit,
+            decode_attention="sdpa", elementwise="torch", **settings,
         )  # fmt: skip
 
     split = NativeEngine.load(config(0), rng=np.random.default_rng(0))

@@ -18,6 +18,8 @@ PACK_WEIGHTS = ("auto", "on", "off")
 DECODE_ATTENTION = ("auto", "sdpa", "products", "ragged")
 # ``decode_graphs``: captured on CUDA, captured (CUDA only), uncaptured pieces, never.
 DECODE_GRAPHS = ("auto", "on", "eager", "off")
+# ``elementwise``: measured at load, torch's operations, the compiled kernel.
+ELEMENTWISE = ("auto", "torch", "compiled")
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +84,16 @@ class NativeEngineConfig:
         "products up to the longest context where they are measured to win (CPU, float32 "
         "KV), else sdpa.",
         choices=DECODE_ATTENTION,
+    )
+    elementwise: str = option(
+        "auto",
+        "Fused forward: how the elementwise work between a layer's products (norms, RoPE, "
+        "residual adds, the gated activation) runs: torch (its operations, as the model code "
+        "runs them) or compiled (a kernel built once per machine that does each piece in one "
+        "pass, on CPU with bfloat16 or float32; needs a C++ compiler; on bfloat16 the same "
+        "values but for rare last-bit differences). auto: compiled where it builds and is "
+        "measured to win at load, else torch.",
+        choices=ELEMENTWISE,
     )
     bf16_rows_max_tokens: int = option(
         -1,
@@ -161,6 +173,11 @@ class NativeEngineConfig:
             raise ValueError(
                 "NativeEngineConfig.decode_attention must be auto, sdpa, products or ragged, "
                 f"got {self.decode_attention!r}"
+            )
+        if self.elementwise not in ELEMENTWISE:
+            raise ValueError(
+                "NativeEngineConfig.elementwise must be auto, torch or compiled, "
+                f"got {self.elementwise!r}"
             )
         if self.decode_graphs not in DECODE_GRAPHS:
             raise ValueError(

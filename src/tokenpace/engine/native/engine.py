@@ -34,6 +34,12 @@ from tokenpace.engine.native.attention import (
 )
 from tokenpace.engine.native.config import NativeEngineConfig
 from tokenpace.engine.native.decode_graphs import DecodeGraphs, bucket_sizes
+from tokenpace.engine.native.elementwise import (
+    Elementwise,
+    ElementwiseBuild,
+    build_elementwise,
+    compiled_elementwise_wins,
+)
 from tokenpace.engine.native.fused_forward import FusedForward, unsupported_reason
 from tokenpace.engine.native.kv_cache import KVShape, SlotKVCache
 from tokenpace.engine.native.linear_kernels import (
@@ -89,6 +95,7 @@ class NativeEngine(BlockAccountedEngine):
         clock: Clock,
         rng: np.random.Generator,
         ragged: RaggedBuild | None = None,
+        elementwise: ElementwiseBuild | None = None,
     ) -> None:
         self.loaded = loaded
         self.config = config
@@ -101,11 +108,24 @@ class NativeEngine(BlockAccountedEngine):
         self.bf16_rows_max_tokens = 0
         self._kernel: LinearKernel | None = None
         self.small_ops = SmallOps(self._choose_small_ops_max_elements())
+        self.elementwise_build = elementwise or ElementwiseBuild(
+            None, "no elementwise kernel was built"
+        )
         if config.fused_forward and unsupported_reason(self._model) is None:
             # The first layer's gate projection: the largest kind of product in a layer.
             probe = self._model.model.layers[0].mlp.gate_proj.weight
             self._kernel = self._choose_kernel(probe)
-            self._fused = FusedForward(self._model, self._kernel, self.small_ops)
+            self._fused = FusedForward(
+                self._model,
+                self._kernel,
+                self.small_ops,
+                self._choose_elementwise(self.elementwise_build),
+            )
+        elif config.elementwise == "compiled":
+            raise ValueError(
+                "elementwise compiled: the elementwise kernel runs inside the fused forward, "
+                "which is off or cannot run this model"
+            )
         model_config = self._model.config
         head_dim = getattr(model_config, "head_dim", None) or (
             model_config.hidden_size // model_config.num_attention_heads
@@ -138,16 +158,20 @@ class NativeEngine(BlockAccountedEngine):
         rng: np.random.Generator | None = None,
     ) -> NativeEngine:
         """Load ``config.model`` (see ``load_model``) and build the engine on it; where
-        ``config.decode_attention`` may take the ragged decode kernel, build it (once per
+        ``config.decode_attention`` may take the ragged decode kernel, and where
+        ``config.elementwise`` may take the compiled elementwise kernel, build it (once per
         machine, whatever the model: cached under the user cache dir's ``kernels``,
         ``core.cache.default_cache_dir``) or learn why it cannot be."""
         loaded = load_model(config, clock)
+        kernels = default_cache_dir() / "kernels"
         ragged = None
         if config.decode_attention in ("auto", "ragged"):
-            kernels = default_cache_dir() / "kernels"
             ragged = build_ragged_decode(kernels, loaded.device, loaded.dtype)
+        elementwise = None
+        if config.fused_forward and config.elementwise in ("auto", "compiled"):
+            elementwise = build_elementwise(kernels, loaded.device, loaded.dtype)
         rng = rng if rng is not None else np.random.default_rng(0)
-        return cls(loaded, config, clock, rng, ragged)
+        return cls(loaded, config, clock, rng, ragged, elementwise)
 
     def _choose_kernel(self, weight: torch.Tensor) -> LinearKernel:
         """The projections' kernel: float32 products from ``upcast_min_rows`` tokens when
@@ -327,6 +351,21 @@ class NativeEngine(BlockAccountedEngine):
         )  # fmt: skip
         return build.kernel if wins else None
 
+    def _choose_elementwise(self, build: ElementwiseBuild) -> Elementwise | None:
+        """The compiled elementwise kernel when ``elementwise`` is ``compiled`` (refused
+        with the build's reason when there is none) or ``auto`` and it is measured to win
+        over torch's operations (``compiled_elementwise_wins``); else None (torch's)."""
+        setting = self.config.elementwise
+        if setting == "compiled" and build.kernel is None:
+            raise ValueError(f"elementwise compiled: {build.reason}")
+        if setting == "torch" or build.kernel is None:
+            return None
+        if setting == "compiled":
+            return build.kernel
+        widths = FusedForward.widths(self._model.config)
+        wins = compiled_elementwise_wins(build.kernel, widths, self.loaded.dtype, self._clock)
+        return build.kernel if wins else None
+
     def _choose_decode_one_thread(self) -> int:
         """Up to how many keys in all a step's padded decode attention runs on the calling
         thread: the configured value, else on the CPU measured at load
@@ -406,6 +445,12 @@ class NativeEngine(BlockAccountedEngine):
             return "ragged"
         limit = self.decode_products_max_len
         return "sdpa" if limit is None else f"products<={limit}"
+
+    @property
+    def elementwise(self) -> str:
+        """How the fused forward's elementwise work runs: ``torch`` or ``compiled``; ``none``
+        without the fused forward."""
+        return "none" if self._fused is None else self._fused.elementwise
 
     @property
     def forward_path(self) -> str:

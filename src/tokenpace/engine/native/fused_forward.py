@@ -8,8 +8,10 @@ views of the result, so no memory is added; a kernel that packs weights, such as
 ``linear_kernels.PackedLinear``, holds its own copy), so are the gate and up projections; RoPE turns
 queries and keys together in three elementwise ops; attention is called directly (no
 attention-interface dispatch, no keyword plumbing); the final norm and the LM head run on the
-sampled rows only. Elementwise arithmetic is the model code's, operation for operation; only
-the matrix products are grouped differently.
+sampled rows only. The elementwise work between the products runs as its ``Elementwise``
+says: by default torch's operations, the model code's arithmetic operation for operation
+(only the matrix products are grouped differently), or the compiled kernel that does each
+piece in one pass (``elementwise.CompiledElementwise``).
 """
 
 from __future__ import annotations
@@ -21,10 +23,13 @@ from typing import Any
 import torch
 
 from tokenpace.engine.native.attention import StepLayout, attend
+from tokenpace.engine.native.elementwise import Elementwise, LayerWidths, TorchElementwise
 from tokenpace.engine.native.linear_kernels import LinearKernel, PreparedWeight, UpcastLinear
 from tokenpace.engine.native.small_ops import NO_SMALL_OPS, SmallOps
 
 SUPPORTED_MODEL_TYPES = frozenset({"llama"})
+# ``hidden_act`` names of SiLU in transformers' activation table.
+SILU_NAMES = frozenset({"silu", "swish"})
 
 
 def unsupported_reason(model: Any) -> str | None:
@@ -61,14 +66,8 @@ class _Layer:
     gate_up: PreparedWeight
     down: PreparedWeight
     act: Any
+    act_is_silu: bool
     scale: float
-
-
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """LlamaRMSNorm's arithmetic: float32 statistics, weight applied in the input dtype."""
-    x32 = x.to(torch.float32)
-    variance = x32.pow(2).mean(-1, keepdim=True)
-    return weight * (x32 * torch.rsqrt(variance + eps)).to(x.dtype)
 
 
 class FusedForward:
@@ -77,12 +76,18 @@ class FusedForward:
     Construction fuses the weights in place (the model stays usable by its own code).
     ``kernel`` computes every projection (default torch's product; see
     ``linear_kernels``), on the weights it prepared at construction. The elementwise work
-    between products runs as ``small_ops`` says (on one thread for small steps). Raises
-    ValueError with the reason when ``unsupported_reason(model)`` is not None.
+    between products runs by ``elementwise`` (default torch's operations), threaded as
+    ``small_ops`` says (on one thread for small steps); a layer whose activation is not
+    SiLU runs its own activation. Raises ValueError with the reason when
+    ``unsupported_reason(model)`` is not None.
     """
 
     def __init__(
-        self, model: Any, kernel: LinearKernel | None = None, small_ops: SmallOps = NO_SMALL_OPS
+        self,
+        model: Any,
+        kernel: LinearKernel | None = None,
+        small_ops: SmallOps = NO_SMALL_OPS,
+        elementwise: Elementwise | None = None,
     ) -> None:
         reason = unsupported_reason(model)
         if reason is not None:
@@ -92,6 +97,9 @@ class FusedForward:
         prepare = chosen.prepare
         self._linear = chosen
         self._small_ops = small_ops
+        self._elementwise: Elementwise = (
+            elementwise if elementwise is not None else TorchElementwise()
+        )
         self._inner = model.model
         self._lm_head = prepare(model.lm_head.weight)
         self._eps = float(config.rms_norm_eps)
@@ -100,6 +108,8 @@ class FusedForward:
         self._head_dim = int(
             getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         )
+        # The MLP's activation as transformers' Llama code builds it (``ACT2FN[hidden_act]``).
+        silu = getattr(config, "hidden_act", None) in SILU_NAMES
         self._layers = [
             _Layer(
                 input_norm=layer.input_layernorm.weight,
@@ -111,6 +121,7 @@ class FusedForward:
                 gate_up=prepare(_fuse(layer.mlp.gate_proj, layer.mlp.up_proj)),
                 down=prepare(layer.mlp.down_proj.weight),
                 act=layer.mlp.act_fn,
+                act_is_silu=silu,
                 scale=float(layer.self_attn.scaling),
             )
             for layer in self._inner.layers
@@ -120,6 +131,23 @@ class FusedForward:
             int(config.hidden_size),
             int(config.intermediate_size),
             (self._num_heads + 2 * self._num_kv_heads) * self._head_dim,
+        )
+
+    @property
+    def elementwise(self) -> str:
+        """The name of the way the elementwise work runs (``torch`` or ``compiled``)."""
+        return self._elementwise.name
+
+    @staticmethod
+    def widths(config: Any) -> LayerWidths:
+        """The widths of a layer's elementwise work for a model of ``config``."""
+        heads = int(config.num_attention_heads)
+        return LayerWidths(
+            hidden=int(config.hidden_size),
+            heads=heads,
+            kv_heads=int(config.num_key_value_heads),
+            head_dim=int(getattr(config, "head_dim", None) or config.hidden_size // heads),
+            intermediate=int(config.intermediate_size),
         )
 
     @property
@@ -183,15 +211,14 @@ class FusedForward:
         spec = self._layers[layer]
         num_tokens = x.shape[0]
         q_heads, kv_heads, dim = self._num_heads, self._num_kv_heads, self._head_dim
-        half = dim // 2
+        elementwise = self._elementwise
         with small:
-            h = _rms_norm(x, spec.input_norm, self._eps)
+            h = elementwise.rms_norm(x, spec.input_norm, self._eps)
         qkv = self._linear(h, spec.qkv).view(num_tokens, q_heads + 2 * kv_heads, dim)
+        v = qkv[:, q_heads + kv_heads :]
         with small:
-            qk = qkv[:, : q_heads + kv_heads]
-            turned = torch.cat((qk[..., half:], qk[..., :half]), dim=-1)
-            qk = qk * cos + turned * sin
-        return qk[:, :q_heads], qk[:, q_heads:], qkv[:, q_heads + kv_heads :]
+            qk = elementwise.rope(qkv, cos, sin, q_heads + kv_heads)
+        return qk[:, :q_heads], qk[:, q_heads:], v
 
     def attend(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: StepLayout
@@ -214,11 +241,14 @@ class FusedForward:
         flat = attended.reshape(x.shape[0], self.attention_width)
         projected = linear(flat, spec.o)
         with small:
-            x = x + projected
-            h = _rms_norm(x, spec.post_norm, self._eps)
-        gate, up = linear(h, spec.gate_up).chunk(2, dim=-1)
+            x, h = self._elementwise.add_rms_norm(x, projected, spec.post_norm, self._eps)
+        gate_up = linear(h, spec.gate_up)
         with small:
-            activated = spec.act(gate) * up
+            if spec.act_is_silu:
+                activated = self._elementwise.silu_mul(gate_up)
+            else:
+                gate, up = gate_up.chunk(2, dim=-1)
+                activated = spec.act(gate) * up
         down = linear(activated, spec.down)
         with small:
             return x + down
@@ -226,5 +256,5 @@ class FusedForward:
     def head(self, x: torch.Tensor, small: AbstractContextManager[None]) -> torch.Tensor:
         """The final norm and LM head on the rows of ``x``: logits ``[rows, vocab]``."""
         with small:
-            h = _rms_norm(x, self._inner.norm.weight, self._eps)
+            h = self._elementwise.rms_norm(x, self._inner.norm.weight, self._eps)
         return self._linear(h, self._lm_head)

@@ -22,7 +22,6 @@ Whether the kernel wins is measured on the machine at hand (``ragged_wins``), ne
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from tokenpace.core.procfs import proc_field
+from tokenpace.engine.native.compiled import build_module, module_name
 from tokenpace.engine.native.interleaved import beats
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float32)
@@ -187,12 +186,9 @@ class RaggedBuild:
 
 
 def _module_name() -> str:
-    """A name unique to the source and this CPU's instruction set (the kernel is built for
-    the machine it runs on), so that a cache shared with another CPU never loads a build
-    for the wrong one."""
-    flags = proc_field(Path("/proc/cpuinfo"), "flags") or ""
-    digest = hashlib.sha256((_SOURCE + flags + torch.__version__).encode()).hexdigest()
-    return f"tokenpace_ragged_decode_{digest[:16]}"
+    """The build's name (``compiled.module_name``: unique to the source, this CPU and
+    torch)."""
+    return module_name("tokenpace_ragged_decode", _SOURCE)
 
 
 def build_ragged_decode(build_dir: Path, device: torch.device, dtype: torch.dtype) -> RaggedBuild:
@@ -204,27 +200,13 @@ def build_ragged_decode(build_dir: Path, device: torch.device, dtype: torch.dtyp
         return RaggedBuild(None, f"the ragged decode kernel runs on CPU only, not {device.type}")
     if dtype not in SUPPORTED_DTYPES:
         return RaggedBuild(None, f"the ragged decode kernel takes bfloat16 or float32, not {dtype}")
-    name = _module_name()
-    directory = build_dir / name
-    try:
-        from torch.utils.cpp_extension import load_inline
-
-        directory.mkdir(parents=True, exist_ok=True)
-        module = load_inline(  # type: ignore[no-untyped-call]
-            name,
-            cpp_sources=_SOURCE,
-            functions=["ragged_decode"],
-            extra_cflags=["-O3", "-march=native", "-ffast-math", "-fopenmp"],
-            extra_ldflags=["-fopenmp"],
-            build_directory=str(directory),
-            verbose=False,
-        )
-    except Exception as error:  # any build failure leaves SDPA in charge
-        lines = str(error).strip().splitlines()
-        detail = f": {lines[0]}" if lines else ""
-        why = f"building the ragged decode kernel failed: {type(error).__name__}{detail}"
-        return RaggedBuild(None, why)
-    kernel: RaggedDecode = module.ragged_decode
+    built = build_module(
+        _module_name(), _SOURCE, ["ragged_decode"], build_dir,
+        ["-O3", "-march=native", "-ffast-math"], "the ragged decode kernel",
+    )  # fmt: skip
+    if built.module is None:
+        return RaggedBuild(None, built.reason)
+    kernel: RaggedDecode = built.module.ragged_decode
     return RaggedBuild(kernel)
 
 
