@@ -11,7 +11,6 @@ import torch
 
 from tokenpace.core.cache import default_cache_dir
 from tokenpace.engine.native import LoadedModel, NativeEngine, NativeEngineConfig
-from tokenpace.engine.native import elementwise as module
 from tokenpace.engine.native.elementwise import (
     CompiledElementwise,
     ElementwiseBuild,
@@ -131,28 +130,6 @@ def test_bad_arguments_are_refused(kernel: CompiledElementwise) -> None:
         kernel.rope(torch.zeros(4, 2, 3, 8)[:, :, 0], torch.zeros(4, 1, 8), torch.zeros(4, 1, 8), 1)
     with pytest.raises(RuntimeError, match="bad rotated heads"):
         kernel.rope(torch.zeros(4, 3, 8), torch.zeros(4, 1, 8), torch.zeros(4, 1, 8), 4)
-
-
-def test_no_kernel_where_it_cannot_run_and_the_reason_is_given(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    cpu = torch.device("cpu")
-    half = build_elementwise(KERNELS, cpu, torch.float16)
-    assert half.kernel is None and "bfloat16 or float32" in half.reason
-    meta = build_elementwise(KERNELS, torch.device("meta"), torch.float32)
-    assert meta.kernel is None and "CPU only" in meta.reason
-
-    def no_compiler(*args: object, **kwargs: object) -> None:
-        raise RuntimeError("Error building extension: c++: not found")
-
-    monkeypatch.setattr("torch.utils.cpp_extension.load_inline", no_compiler)
-    monkeypatch.setattr(module, "_module_name", lambda: "tokenpace_elementwise_missing")
-    failed = build_elementwise(KERNELS, cpu, torch.float32)
-    assert failed.kernel is None
-    assert failed.reason == (
-        "building the elementwise kernel failed: RuntimeError: Error building extension: "
-        "c++: not found"
-    )
 
 
 def test_the_probe_takes_the_kernel_only_when_it_is_timed_faster(

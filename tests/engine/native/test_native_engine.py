@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -102,39 +103,43 @@ def test_float32_greedy_equals_generate_with_each_kernel_choice(
         assert request.output_token_ids == reference, f"request {request.request_id}"
 
 
-def test_greedy_equals_generate_with_ragged_decode_attention(
-    make_engine: EngineFactory, prompt_ids: list[list[int]], references: list[list[int]]
-) -> None:
-    # Each request attended over its own keys by the compiled kernel: the same values as
-    # SDPA to float32 rounding, so the trained model's greedy choices must not move.
-    kernels = default_cache_dir() / "kernels"
+def _with_ragged_attention(make_engine: EngineFactory, kernels: Path) -> NativeEngine:
     build = build_ragged_decode(kernels, torch.device("cpu"), torch.float32)
     if build.kernel is None:
         pytest.skip(build.reason)
     engine = make_engine(dtype="float32", decode_attention="ragged", ragged=build)
     assert engine.decode_attention == "ragged"
-    loop = StepLoop(twp(), engine)
-    requests = [make_request(i, ids) for i, ids in enumerate(prompt_ids)]
-    run(loop, requests)
-    assert any(s.num_prefill_tokens and s.num_decode_tokens for s in loop.steps), "no mixed step"
-    for request, reference in zip(requests, references, strict=True):
-        assert request.output_token_ids == reference, f"request {request.request_id}"
+    return engine
 
 
-def test_greedy_equals_generate_with_the_compiled_elementwise_kernel(
-    make_engine: EngineFactory, prompt_ids: list[list[int]], references: list[list[int]]
-) -> None:
-    # Norms, RoPE, residual adds and the gated activation in one pass each: torch's values
-    # to float32 rounding, so the trained model's greedy choices must not move.
-    kernels = default_cache_dir() / "kernels"
+def _with_compiled_elementwise(make_engine: EngineFactory, kernels: Path) -> NativeEngine:
     build = build_elementwise(kernels, torch.device("cpu"), torch.float32)
     if build.kernel is None:
         pytest.skip(build.reason)
     engine = make_engine(dtype="float32", elementwise="compiled", elementwise_build=build)
     assert engine.elementwise == "compiled"
+    return engine
+
+
+@pytest.mark.parametrize(
+    "with_kernel",
+    [_with_ragged_attention, _with_compiled_elementwise],
+    ids=["ragged_attention", "compiled_elementwise"],
+)
+def test_greedy_equals_generate_with_a_compiled_kernel(
+    make_engine: EngineFactory,
+    prompt_ids: list[list[int]],
+    references: list[list[int]],
+    with_kernel: Callable[[EngineFactory, Path], NativeEngine],
+) -> None:
+    # Each request attended over its own keys, or the elementwise work done in one pass per
+    # piece, by a compiled kernel: torch's values to float32 rounding, so the trained
+    # model's greedy choices must not move.
+    engine = with_kernel(make_engine, default_cache_dir() / "kernels")
     loop = StepLoop(twp(), engine)
     requests = [make_request(i, ids) for i, ids in enumerate(prompt_ids)]
     run(loop, requests)
+    assert any(s.num_prefill_tokens and s.num_decode_tokens for s in loop.steps), "no mixed step"
     for request, reference in zip(requests, references, strict=True):
         assert request.output_token_ids == reference, f"request {request.request_id}"
 

@@ -12,7 +12,6 @@ import torch.nn.functional as F
 
 from tokenpace.core.cache import default_cache_dir
 from tokenpace.engine.native import NativeEngine, NativeEngineConfig
-from tokenpace.engine.native import ragged_attention as module
 from tokenpace.engine.native.probe import NativeProbe
 from tokenpace.engine.native.ragged_attention import (
     RaggedBuild,
@@ -90,28 +89,6 @@ def test_bad_arguments_are_refused(kernel: RaggedDecode) -> None:
         kernel(q, keys, keys, torch.tensor([2]), torch.tensor([1]), 1.0)
     with pytest.raises(RuntimeError, match="share a dtype"):
         kernel(q.double(), keys, keys, torch.tensor([0]), torch.tensor([1]), 1.0)
-
-
-def test_no_kernel_where_it_cannot_run_and_the_reason_is_given(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    cpu = torch.device("cpu")
-    half = build_ragged_decode(KERNELS, cpu, torch.float16)
-    assert half.kernel is None and "bfloat16 or float32" in half.reason
-    meta = build_ragged_decode(KERNELS, torch.device("meta"), torch.float32)
-    assert meta.kernel is None and "CPU only" in meta.reason
-
-    def no_compiler(*args: object, **kwargs: object) -> None:
-        raise RuntimeError("Error building extension: c++: not found")
-
-    monkeypatch.setattr("torch.utils.cpp_extension.load_inline", no_compiler)
-    monkeypatch.setattr(module, "_module_name", lambda: "tokenpace_ragged_decode_missing")
-    failed = build_ragged_decode(KERNELS, cpu, torch.float32)
-    assert failed.kernel is None
-    assert failed.reason == (
-        "building the ragged decode kernel failed: RuntimeError: Error building extension: "
-        "c++: not found"
-    )
 
 
 def test_the_probe_takes_the_kernel_only_when_it_is_timed_faster(kernel: RaggedDecode) -> None:

@@ -33,17 +33,40 @@ def module_name(prefix: str, source: str) -> str:
     return f"{prefix}_{digest[:16]}"
 
 
-def build_module(
+@dataclass(frozen=True, slots=True)
+class CpuKernelSource:
+    """A CPU kernel's C++ ``source``, the ``functions`` it exports, its compiler ``cflags``
+    (OpenMP is added), the element types it takes (``dtypes``) and ``what`` it is called in
+    messages ("the ragged decode kernel")."""
+
+    source: str
+    functions: tuple[str, ...]
+    cflags: tuple[str, ...]
+    dtypes: tuple[torch.dtype, ...]
+    what: str
+
+
+def build_cpu_kernel(
+    kernel: CpuKernelSource,
     name: str,
-    source: str,
-    functions: list[str],
     build_dir: Path,
-    cflags: list[str],
-    what: str,
+    device: torch.device,
+    dtype: torch.dtype,
 ) -> CompiledModule:
-    """Build (once: later calls load the cached build from ``build_dir / name``) the C++
-    ``source`` exporting ``functions``, compiled with ``cflags`` and OpenMP; where building
-    fails (no C++ compiler, say), no module and the reason, naming ``what`` was built."""
+    """``build_module`` for tensors of ``dtype`` on ``device``: no module, with the reason,
+    on a device other than the CPU or for a dtype ``kernel`` does not take."""
+    if device.type != "cpu":
+        return CompiledModule(None, f"{kernel.what} runs on CPU only, not {device.type}")
+    if dtype not in kernel.dtypes:
+        names = " or ".join(str(d).removeprefix("torch.") for d in kernel.dtypes)
+        return CompiledModule(None, f"{kernel.what} takes {names}, not {dtype}")
+    return build_module(name, kernel, build_dir)
+
+
+def build_module(name: str, kernel: CpuKernelSource, build_dir: Path) -> CompiledModule:
+    """Build (once: later calls load the cached build from ``build_dir / name``) the
+    kernel's C++ source; where building fails (no C++ compiler, say), no module and the
+    reason, naming what was built."""
     directory = build_dir / name
     try:
         from torch.utils.cpp_extension import load_inline
@@ -51,9 +74,9 @@ def build_module(
         directory.mkdir(parents=True, exist_ok=True)
         module = load_inline(  # type: ignore[no-untyped-call]
             name,
-            cpp_sources=source,
-            functions=functions,
-            extra_cflags=[*cflags, "-fopenmp"],
+            cpp_sources=kernel.source,
+            functions=list(kernel.functions),
+            extra_cflags=[*kernel.cflags, "-fopenmp"],
             extra_ldflags=["-fopenmp"],
             build_directory=str(directory),
             verbose=False,
@@ -61,5 +84,6 @@ def build_module(
     except Exception as error:  # any build failure leaves torch's own operations in charge
         lines = str(error).strip().splitlines()
         detail = f": {lines[0]}" if lines else ""
-        return CompiledModule(None, f"building {what} failed: {type(error).__name__}{detail}")
+        why = f"building {kernel.what} failed: {type(error).__name__}{detail}"
+        return CompiledModule(None, why)
     return CompiledModule(module)

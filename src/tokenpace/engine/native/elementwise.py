@@ -33,7 +33,7 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 
-from tokenpace.engine.native.compiled import build_module, module_name
+from tokenpace.engine.native.compiled import CpuKernelSource, build_cpu_kernel, module_name
 from tokenpace.engine.native.interleaved import beats
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float32)
@@ -274,7 +274,15 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
   return out;
 }
 """
-_FUNCTIONS = ["rms_norm", "add_rms_norm", "rope_", "silu_mul"]
+# Compiled without fast-math and without contracting products and sums into fused
+# multiply-adds, so that it rounds where torch's operations do.
+_KERNEL = CpuKernelSource(
+    _SOURCE,
+    ("rms_norm", "add_rms_norm", "rope_", "silu_mul"),
+    ("-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off"),
+    SUPPORTED_DTYPES,
+    "the elementwise kernel",
+)
 
 
 class Elementwise(Protocol):
@@ -385,20 +393,8 @@ def build_elementwise(
     """Build (once: later calls load the cached build from ``build_dir``) the compiled
     elementwise kernel for ``device`` and ``dtype``; an ``ElementwiseBuild`` without a
     kernel, with the reason, on a device other than the CPU, for an unsupported dtype, or
-    where building fails (no C++ compiler, say). Compiled without fast-math and without
-    contracting products and sums into fused multiply-adds, so that it rounds where torch
-    does."""
-    if device.type != "cpu":
-        return ElementwiseBuild(None, f"the elementwise kernel runs on CPU only, not {device.type}")
-    if dtype not in SUPPORTED_DTYPES:
-        return ElementwiseBuild(
-            None, f"the elementwise kernel takes bfloat16 or float32, not {dtype}"
-        )
-    built = build_module(
-        _module_name(), _SOURCE, _FUNCTIONS, build_dir,
-        ["-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off"],
-        "the elementwise kernel",
-    )  # fmt: skip
+    where building fails (no C++ compiler, say)."""
+    built = build_cpu_kernel(_KERNEL, _module_name(), build_dir, device, dtype)
     if built.module is None:
         return ElementwiseBuild(None, built.reason)
     return ElementwiseBuild(CompiledElementwise(built.module))

@@ -32,7 +32,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from tokenpace.engine.native.compiled import build_module, module_name
+from tokenpace.engine.native.compiled import CpuKernelSource, build_cpu_kernel, module_name
 from tokenpace.engine.native.interleaved import beats
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float32)
@@ -159,6 +159,15 @@ torch::Tensor ragged_decode(torch::Tensor q, torch::Tensor keys, torch::Tensor v
 """
 
 
+_KERNEL = CpuKernelSource(
+    _SOURCE,
+    ("ragged_decode",),
+    ("-O3", "-march=native", "-ffast-math"),
+    SUPPORTED_DTYPES,
+    "the ragged decode kernel",
+)
+
+
 class RaggedDecode(Protocol):
     """``(q, keys, values, slots, lengths, scale) -> out``: ``q`` is ``[n, kv_heads,
     group, dim]`` (the query heads that share a KV head as rows), ``keys``/``values`` a
@@ -196,14 +205,7 @@ def build_ragged_decode(build_dir: Path, device: torch.device, dtype: torch.dtyp
     kernel for ``device`` and ``dtype``; a ``RaggedBuild`` without a kernel, with the
     reason, on a device other than the CPU, for an unsupported dtype, or where building
     fails (no C++ compiler, say)."""
-    if device.type != "cpu":
-        return RaggedBuild(None, f"the ragged decode kernel runs on CPU only, not {device.type}")
-    if dtype not in SUPPORTED_DTYPES:
-        return RaggedBuild(None, f"the ragged decode kernel takes bfloat16 or float32, not {dtype}")
-    built = build_module(
-        _module_name(), _SOURCE, ["ragged_decode"], build_dir,
-        ["-O3", "-march=native", "-ffast-math"], "the ragged decode kernel",
-    )  # fmt: skip
+    built = build_cpu_kernel(_KERNEL, _module_name(), build_dir, device, dtype)
     if built.module is None:
         return RaggedBuild(None, built.reason)
     kernel: RaggedDecode = built.module.ragged_decode
