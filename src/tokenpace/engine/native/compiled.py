@@ -11,11 +11,23 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 
 from tokenpace.core.procfs import proc_field
+
+Kernel = TypeVar("Kernel")
+
+
+@dataclass(frozen=True)
+class KernelBuild(Generic[Kernel]):
+    """A built kernel, or None with ``reason`` saying why there is none. (No slots: a slotted
+    frozen dataclass cannot be built through a subscripted generic such as
+    ``KernelBuild[RaggedDecode](...)``.)"""
+
+    kernel: Kernel | None
+    reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)

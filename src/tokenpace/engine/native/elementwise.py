@@ -33,7 +33,12 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 
-from tokenpace.engine.native.compiled import CpuKernelSource, build_cpu_kernel, module_name
+from tokenpace.engine.native.compiled import (
+    CpuKernelSource,
+    KernelBuild,
+    build_cpu_kernel,
+    module_name,
+)
 from tokenpace.engine.native.interleaved import beats
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float32)
@@ -373,12 +378,8 @@ class CompiledElementwise:
         return out
 
 
-@dataclass(frozen=True, slots=True)
-class ElementwiseBuild:
-    """The built kernel, or None with ``reason`` saying why there is none."""
-
-    kernel: CompiledElementwise | None
-    reason: str = ""
+# The built kernel, or None with the reason why there is none.
+ElementwiseBuild = KernelBuild[CompiledElementwise]
 
 
 def _module_name() -> str:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Protocol
@@ -32,7 +31,12 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from tokenpace.engine.native.compiled import CpuKernelSource, build_cpu_kernel, module_name
+from tokenpace.engine.native.compiled import (
+    CpuKernelSource,
+    KernelBuild,
+    build_cpu_kernel,
+    module_name,
+)
 from tokenpace.engine.native.interleaved import beats
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float32)
@@ -186,12 +190,8 @@ class RaggedDecode(Protocol):
     ) -> torch.Tensor: ...
 
 
-@dataclass(frozen=True, slots=True)
-class RaggedBuild:
-    """The built kernel, or None with ``reason`` saying why there is none."""
-
-    kernel: RaggedDecode | None
-    reason: str = ""
+# The built kernel, or None with the reason why there is none.
+RaggedBuild = KernelBuild[RaggedDecode]
 
 
 def _module_name() -> str:
