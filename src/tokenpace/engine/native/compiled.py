@@ -17,6 +17,38 @@ import torch
 
 from tokenpace.core.procfs import proc_field
 
+# C++ the kernels share, inside their anonymous namespace (they include <cstdint> and
+# <cstring>): ``widen`` (an element as float32), ``put`` (store a float32, rounded to the
+# element type) and ``narrow_value`` (a float32 as the element type would store it).
+ELEMENT_ACCESS = r"""
+// Element access shared by the kernels: float32 as is, bfloat16 as its 16-bit pattern
+// (the upper half of a float32: widened exactly, rounded to nearest even when stored).
+inline float widen(float v) { return v; }
+inline float widen(uint16_t v) {
+  uint32_t bits = static_cast<uint32_t>(v) << 16;
+  float out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return out;
+}
+inline uint32_t rounded_bits(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof(bits));
+  return bits + 0x7fffu + ((bits >> 16) & 1u);
+}
+// The value as the element type stores it, widened back.
+inline float narrow_value(float v, const float*) { return v; }
+inline float narrow_value(float v, const uint16_t*) {
+  const uint32_t bits = rounded_bits(v) & 0xffff0000u;
+  float out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return out;
+}
+inline void put(float* p, int64_t i, float v) { p[i] = v; }
+inline void put(uint16_t* p, int64_t i, float v) {
+  p[i] = static_cast<uint16_t>(rounded_bits(v) >> 16);
+}
+"""
+
 Kernel = TypeVar("Kernel")
 
 

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from tokenpace.engine.native.compiled import (
+    ELEMENT_ACCESS,
     CpuKernelSource,
     KernelBuild,
     build_cpu_kernel,
@@ -45,7 +46,8 @@ SUPPORTED_DTYPES = (torch.bfloat16, torch.float32)
 # ``compiled_elementwise_wins``: the rows (tokens) of the probed layer's work.
 PROBE_TOKENS = 32
 
-_SOURCE = r"""
+_SOURCE = (
+    r"""
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <cmath>
@@ -57,32 +59,9 @@ _SOURCE = r"""
 
 namespace {
 
-inline float widen(float v) { return v; }
-inline float widen(uint16_t v) {
-  uint32_t bits = static_cast<uint32_t>(v) << 16;
-  float out;
-  std::memcpy(&out, &bits, sizeof(out));
-  return out;
-}
-// The value as the element type stores it (bfloat16: round to nearest even), widened back.
-inline float narrow_value(float v, const float*) { return v; }
-inline float narrow_value(float v, const uint16_t*) {
-  uint32_t bits;
-  std::memcpy(&bits, &v, sizeof(bits));
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  bits &= 0xffff0000u;
-  float out;
-  std::memcpy(&out, &bits, sizeof(out));
-  return out;
-}
-inline void put(float* p, int64_t i, float v) { p[i] = v; }
-inline void put(uint16_t* p, int64_t i, float v) {
-  uint32_t bits;
-  std::memcpy(&bits, &v, sizeof(bits));
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  p[i] = static_cast<uint16_t>(bits >> 16);
-}
-
+"""
+    + ELEMENT_ACCESS
+    + r"""
 // Rows per task of at::parallel_for for rows of `width` elements: work of up to torch's
 // grain (at::internal::GRAIN_SIZE elements) stays on the calling thread, as torch's own
 // elementwise operations do, so that no sleeping thread is woken for it.
@@ -279,6 +258,7 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
   return out;
 }
 """
+)
 # Compiled without fast-math and without contracting products and sums into fused
 # multiply-adds, so that it rounds where torch's operations do.
 _KERNEL = CpuKernelSource(

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from tokenpace.engine.native.compiled import (
+    ELEMENT_ACCESS,
     CpuKernelSource,
     KernelBuild,
     build_cpu_kernel,
@@ -45,7 +46,8 @@ SUPPORTED_DTYPES = (torch.bfloat16, torch.float32)
 PROBE_BATCH = 32
 PROBE_MAX_LEN = 256
 
-_SOURCE = r"""
+_SOURCE = (
+    r"""
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <cmath>
@@ -55,21 +57,9 @@ _SOURCE = r"""
 
 namespace {
 
-inline float load(const float* p, int64_t i) { return p[i]; }
-inline float load(const uint16_t* p, int64_t i) {
-  uint32_t bits = static_cast<uint32_t>(p[i]) << 16;
-  float value;
-  std::memcpy(&value, &bits, sizeof(value));
-  return value;
-}
-inline void store(float* p, int64_t i, float value) { p[i] = value; }
-inline void store(uint16_t* p, int64_t i, float value) {
-  uint32_t bits;
-  std::memcpy(&bits, &value, sizeof(bits));
-  bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even
-  p[i] = static_cast<uint16_t>(bits >> 16);
-}
-
+"""
+    + ELEMENT_ACCESS
+    + r"""
 // q [n, kv_heads, group, dim]; keys, values [slots, kv_heads, positions, dim] (contiguous);
 // out like q. Request i attends positions 0 .. lengths[i] - 1 of slot slots[i].
 template <typename T>
@@ -82,10 +72,10 @@ void attend(const T* q, const T* keys, const T* values, T* out, const int64_t* s
       const int64_t i = task / kv_heads, head = task % kv_heads, length = lengths[i];
       const int64_t base = (slots[i] * kv_heads + head) * positions * dim;
       const int64_t q_base = task * group * dim;
-      for (int64_t x = 0; x < group * dim; ++x) query[x] = load(q, q_base + x) * scale;
+      for (int64_t x = 0; x < group * dim; ++x) query[x] = widen(q[q_base + x]) * scale;
       scores.resize(group * length);
       for (int64_t j = 0; j < length; ++j) {
-        for (int64_t x = 0; x < dim; ++x) row[x] = load(keys, base + j * dim + x);
+        for (int64_t x = 0; x < dim; ++x) row[x] = widen(keys[base + j * dim + x]);
         for (int64_t r = 0; r < group; ++r) {
           const float* qr = query.data() + r * dim;
           float dot = 0.f;
@@ -107,14 +97,14 @@ void attend(const T* q, const T* keys, const T* values, T* out, const int64_t* s
       }
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t j = 0; j < length; ++j) {
-        for (int64_t x = 0; x < dim; ++x) row[x] = load(values, base + j * dim + x);
+        for (int64_t x = 0; x < dim; ++x) row[x] = widen(values[base + j * dim + x]);
         for (int64_t r = 0; r < group; ++r) {
           const float weight = scores[r * length + j];
           float* a = acc.data() + r * dim;
           for (int64_t x = 0; x < dim; ++x) a[x] += weight * row[x];
         }
       }
-      for (int64_t x = 0; x < group * dim; ++x) store(out, q_base + x, acc[x]);
+      for (int64_t x = 0; x < group * dim; ++x) put(out, q_base + x, acc[x]);
     }
   });
 }
@@ -161,6 +151,7 @@ torch::Tensor ragged_decode(torch::Tensor q, torch::Tensor keys, torch::Tensor v
   return out;
 }
 """
+)
 
 
 _KERNEL = CpuKernelSource(
