@@ -23,11 +23,20 @@ from tokenpace.core.request import Request  # noqa: E402
 from tokenpace.core.sampling import SamplingParams  # noqa: E402
 from tokenpace.core.step import ScheduledChunk  # noqa: E402
 from tokenpace.engine.native import LoadedModel, NativeEngine, NativeEngineConfig  # noqa: E402
+from tokenpace.engine.native.compiled import Kernel, KernelBuild  # noqa: E402
 from tokenpace.engine.native.elementwise import ElementwiseBuild  # noqa: E402
 from tokenpace.engine.native.loading import embedded_gguf_path, load_model  # noqa: E402
 from tokenpace.engine.native.ragged_attention import RaggedBuild  # noqa: E402
 
 CACHE_DIR = Path(__file__).resolve().parents[3] / "build" / "native-cache"
+
+
+def kernel_or_skip(build: KernelBuild[Kernel]) -> Kernel:
+    """The built kernel; the test is skipped, with the reason, where there is none."""
+    if build.kernel is None:
+        pytest.skip(build.reason)
+    return build.kernel
+
 
 PROMPTS = (
     "Hi",

@@ -20,7 +20,7 @@ from tokenpace.engine.native.elementwise import (
     compiled_elementwise_wins,
 )
 
-from .conftest import CACHE_DIR, greedy_outputs, scripted_clock
+from .conftest import CACHE_DIR, greedy_outputs, kernel_or_skip, scripted_clock
 
 pytestmark = pytest.mark.native
 
@@ -32,10 +32,7 @@ WIDTHS = LayerWidths(hidden=576, heads=9, kv_heads=3, head_dim=64, intermediate=
 
 @pytest.fixture(scope="module")
 def kernel() -> CompiledElementwise:
-    build = build_elementwise(KERNELS, torch.device("cpu"), torch.float32)
-    if build.kernel is None:
-        pytest.skip(build.reason)
-    return build.kernel
+    return kernel_or_skip(build_elementwise(KERNELS, torch.device("cpu"), torch.float32))
 
 
 def _inputs(dtype: torch.dtype, tokens: int = 37) -> dict[str, torch.Tensor]:
@@ -77,12 +74,12 @@ def _pieces(
 
 
 def test_bfloat16_pieces_are_torchs_but_for_rare_last_bits_of_the_norms() -> None:
-    build = build_elementwise(KERNELS, torch.device("cpu"), torch.bfloat16)
-    if build.kernel is None:
-        pytest.skip(build.reason)
+    bfloat16_kernel = kernel_or_skip(
+        build_elementwise(KERNELS, torch.device("cpu"), torch.bfloat16)
+    )
     inputs = _inputs(torch.bfloat16)
     x_before = inputs["x"].clone()
-    compiled, plain = _pieces(build.kernel, inputs), _pieces(TorchElementwise(), inputs)
+    compiled, plain = _pieces(bfloat16_kernel, inputs), _pieces(TorchElementwise(), inputs)
     assert torch.equal(inputs["x"], x_before)  # add_rms_norm leaves its input alone
     for name in ("add", "rope", "silu_mul"):
         assert compiled[name].dtype == torch.bfloat16

@@ -22,7 +22,7 @@ from tokenpace.policy.base import Policy
 from tokenpace.policy.vllm_default import VllmDefaultConfig, VllmDefaultPolicy
 from tokenpace.runtime.step_loop import StepLoop
 
-from .conftest import make_request
+from .conftest import kernel_or_skip, make_request
 
 pytestmark = [pytest.mark.native, pytest.mark.slow]
 
@@ -105,8 +105,7 @@ def test_float32_greedy_equals_generate_with_each_kernel_choice(
 
 def _with_ragged_attention(make_engine: EngineFactory, kernels: Path) -> NativeEngine:
     build = build_ragged_decode(kernels, torch.device("cpu"), torch.float32)
-    if build.kernel is None:
-        pytest.skip(build.reason)
+    kernel_or_skip(build)
     engine = make_engine(dtype="float32", decode_attention="ragged", ragged=build)
     assert engine.decode_attention == "ragged"
     return engine
@@ -114,8 +113,7 @@ def _with_ragged_attention(make_engine: EngineFactory, kernels: Path) -> NativeE
 
 def _with_compiled_elementwise(make_engine: EngineFactory, kernels: Path) -> NativeEngine:
     build = build_elementwise(kernels, torch.device("cpu"), torch.float32)
-    if build.kernel is None:
-        pytest.skip(build.reason)
+    kernel_or_skip(build)
     engine = make_engine(dtype="float32", elementwise="compiled", elementwise_build=build)
     assert engine.elementwise == "compiled"
     return engine

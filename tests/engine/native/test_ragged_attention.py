@@ -20,7 +20,7 @@ from tokenpace.engine.native.ragged_attention import (
     ragged_wins,
 )
 
-from .conftest import CACHE_DIR, greedy_outputs, scripted_clock
+from .conftest import CACHE_DIR, greedy_outputs, kernel_or_skip, scripted_clock
 
 pytestmark = pytest.mark.native
 
@@ -30,10 +30,7 @@ KERNELS = default_cache_dir() / "kernels"
 
 @pytest.fixture(scope="module")
 def kernel() -> RaggedDecode:
-    build = build_ragged_decode(KERNELS, torch.device("cpu"), torch.float32)
-    if build.kernel is None:
-        pytest.skip(build.reason)
-    return build.kernel
+    return kernel_or_skip(build_ragged_decode(KERNELS, torch.device("cpu"), torch.float32))
 
 
 def _reference(
