@@ -141,6 +141,7 @@ def run(args: DecodeAttentionSettings) -> None:
             rng,
             None,
             ragged.elementwise_build,
+            ragged.rows_build,
         ),
     }
     auto = NativeEngine(

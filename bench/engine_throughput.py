@@ -27,7 +27,8 @@ small ones on one thread (``small_ops_max_elements``), and reports ``small_ops_o
 ``--compare-bf16-rows`` likewise runs the engine without its few-row bfloat16 product
 (``bf16_rows_max_tokens`` 0) beside the default, when the default uses it
 (``bf16_rows_max_tokens``, for weights of at most ``bf16_rows_max_bytes`` bytes), and
-reports ``bf16_rows_over_off``.
+reports ``bf16_rows_over_off``; ``few_rows_product`` says which product reads them (``numba``
+or ``compiled``, ``none`` without).
 ``--compare-one-thread-decode`` likewise runs the engine with its decode attention always
 split over torch's threads (``decode_one_thread_max_keys`` 0) beside the default, when the
 default runs small ones on the calling thread (``decode_one_thread_max_keys``), and reports
@@ -400,6 +401,7 @@ def run(args: Settings) -> None:
             np.random.default_rng(0),
             engine.ragged_build,
             engine.elementwise_build,
+            engine.rows_build,
         )
         for name, variant in variants.items()
     }
@@ -432,7 +434,7 @@ def run(args: Settings) -> None:
     model_dir = engine.loaded.checkpoint_dir
     forward_path, upcast_min_rows = engine.forward_path, engine.upcast_min_rows
     linear_kernel, decode_attention = engine.linear_kernel, engine.decode_attention
-    elementwise = engine.elementwise
+    elementwise, few_rows_product = engine.elementwise, engine.few_rows_product
     small_ops_max_elements = engine.small_ops.max_elements
     decode_one_thread_max_keys = engine.decode_one_thread_max_keys
     bf16_rows_max_tokens = engine.bf16_rows_max_tokens
@@ -489,6 +491,7 @@ def run(args: Settings) -> None:
         "small_ops_over_split": _tok_s_ratios(native, compared.get("split", {})),
         "bf16_rows_max_tokens": bf16_rows_max_tokens,
         "bf16_rows_max_bytes": bf16_rows_max_bytes,
+        "few_rows_product": few_rows_product,
         "bf16_rows_over_off": _tok_s_ratios(native, compared.get("bf16_rows_off", {})),
         "one_thread_decode_over_split": _tok_s_ratios(native, compared.get("decode_split", {})),
         **{

@@ -80,17 +80,20 @@ if wants native; then
   .venv/bin/python -c 'import tokenpace.engine.native.bf16_rows'
 fi
 if wants native; then
-  # The native engine's C++ kernels (ragged decode attention, elementwise work), built once
-  # per machine into the user cache dir, so that the first engine load does not pay their
-  # builds (about 25 s each). Where one cannot be built the engine keeps torch's operations
+  # The native engine's C++ kernels (ragged decode attention, elementwise work, few-row
+  # products), built once per machine into the user cache dir, so that the first engine load
+  # does not pay their builds (about 25 s each). Where one cannot be built the engine keeps torch's operations
   # (SDPA for the attention), saying why.
   .venv/bin/python -c 'import torch
 from tokenpace.core.cache import default_cache_dir
+from tokenpace.engine.native.bf16_rows import build_compiled_rows
 from tokenpace.engine.native.elementwise import build_elementwise
 from tokenpace.engine.native.ragged_attention import build_ragged_decode
 kernels, cpu = default_cache_dir() / "kernels", torch.device("cpu")
 build = build_ragged_decode(kernels, cpu, torch.bfloat16)
 print("scripts/setup.sh: ragged decode kernel:", "built" if build.kernel else build.reason)
 built = build_elementwise(kernels, cpu, torch.bfloat16)
-print("scripts/setup.sh: elementwise kernel:", "built" if built.kernel else built.reason)'
+print("scripts/setup.sh: elementwise kernel:", "built" if built.kernel else built.reason)
+rows = build_compiled_rows(kernels, cpu, torch.bfloat16)
+print("scripts/setup.sh: few-rows product:", "built" if rows.kernel else rows.reason)'
 fi

@@ -8,8 +8,17 @@ import numpy as np
 import pytest
 import torch
 
+from tokenpace.core.cache import default_cache_dir
 from tokenpace.engine.native import NativeEngine, NativeEngineConfig
-from tokenpace.engine.native.bf16_rows import bf16_rows_product, weight_bits
+from tokenpace.engine.native import engine as engine_module
+from tokenpace.engine.native.bf16_rows import (
+    NUMBA_ROWS,
+    CompiledRows,
+    bf16_rows_product,
+    build_compiled_rows,
+    compiled_rows_win,
+    weight_bits,
+)
 from tokenpace.engine.native.linear_kernels import (
     FEW_ROWS_PROBE_ROWS,
     PackedLinear,
@@ -18,7 +27,7 @@ from tokenpace.engine.native.linear_kernels import (
     measure_few_rows_max_bytes,
 )
 
-from .conftest import greedy_outputs, scripted_clock
+from .conftest import greedy_outputs, kernel_or_skip, scripted_clock
 from .test_fused_forward import TINY, assert_mostly_the_same_tokens, needs_packing
 
 pytestmark = pytest.mark.native
@@ -37,6 +46,71 @@ def test_the_product_is_the_float32_product_to_rounding() -> None:
     torch.testing.assert_close(out.double(), exact, rtol=2**-7, atol=1e-6)
     # Row by row, the same sums.
     assert torch.equal(bf16_rows_product(x[1:2], weight_bits(weight)), out[1:2])
+
+
+@pytest.fixture(scope="module")
+def compiled() -> CompiledRows:
+    kernels = default_cache_dir() / "kernels"
+    return kernel_or_skip(build_compiled_rows(kernels, torch.device("cpu"), torch.bfloat16))
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 5])
+def test_the_compiled_product_is_the_float32_product_to_rounding(
+    compiled: CompiledRows, rows: int
+) -> None:
+    # 301 outputs (not a multiple of the four read together), 100 inputs (not a multiple of
+    # the sixteen lanes).
+    weight, x = _weight(301, 100), _weight(rows, 100, seed=rows)
+    out = compiled(x, weight, weight_bits(weight))
+    assert out.dtype == torch.bfloat16 and out.shape == (rows, 301)
+    exact = x.double() @ weight.double().T
+    torch.testing.assert_close(out.double(), exact, rtol=2**-7, atol=1e-6)
+    numba = NUMBA_ROWS(x, weight, weight_bits(weight))
+    torch.testing.assert_close(out.double(), numba.double(), rtol=2**-7, atol=1e-6)
+    # Row by row, the same sums; float32 rows give float32 results.
+    assert torch.equal(compiled(x[-1:], weight, weight_bits(weight)), out[-1:])
+    assert compiled(x.float(), weight, weight_bits(weight)).dtype == torch.float32
+
+
+def test_the_compiled_product_refuses_other_weights(compiled: CompiledRows) -> None:
+    bits = weight_bits(_weight(4, 8))
+    with pytest.raises(RuntimeError, match="contiguous 2-d bfloat16 CPU tensor"):
+        compiled(_weight(1, 8), torch.zeros(4, 8), bits)
+    with pytest.raises(RuntimeError, match="contiguous 2-d bfloat16 CPU tensor"):
+        compiled(_weight(1, 4), _weight(4, 8).T, bits)
+    with pytest.raises(RuntimeError, match="of the weight's in"):
+        compiled(_weight(1, 7), _weight(4, 8), bits)
+
+
+def test_the_compiled_product_is_taken_only_when_it_is_timed_faster(
+    compiled: CompiledRows,
+) -> None:
+    weights = [_weight(32, 16, seed) for seed in range(2)]
+    assert compiled_rows_win(compiled, weights, scripted_clock([0.5], repeats=2), repeats=2)
+    assert not compiled_rows_win(compiled, weights, scripted_clock([1.5], repeats=2), repeats=2)
+
+
+def test_the_engine_reads_few_rows_by_the_compiled_product_keeping_greedy_outputs(
+    compiled: CompiledRows, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def config(few_rows: int) -> NativeEngineConfig:
+        return NativeEngineConfig(
+            model=TINY, device="cpu", num_threads=1, dtype="bfloat16", upcast_min_tokens=0,
+            pack_weights="off", bf16_rows_max_tokens=few_rows, decode_attention="sdpa",
+            elementwise="torch",
+        )  # fmt: skip
+
+    numba = NativeEngine.load(config(64), rng=np.random.default_rng(0))
+    monkeypatch.setattr(engine_module, "compiled_rows_win", lambda *args: True)
+    fast = NativeEngine(
+        numba.loaded, config(64), time.perf_counter, np.random.default_rng(0), None, None,
+        numba.rows_build,
+    )  # fmt: skip
+    assert fast.few_rows_product == "compiled"
+    slow = NativeEngine(numba.loaded, config(64), time.perf_counter, np.random.default_rng(0))
+    assert slow.few_rows_product == "numba"
+    assert NativeEngine.load(config(0)).few_rows_product == "none"
+    assert_mostly_the_same_tokens(greedy_outputs(fast), greedy_outputs(slow))
 
 
 def test_only_contiguous_bfloat16_cpu_weights_are_read() -> None:

@@ -11,27 +11,40 @@ import pytest
 import torch
 
 from tokenpace.core.cache import default_cache_dir
-from tokenpace.engine.native import elementwise, ragged_attention
+from tokenpace.engine.native import bf16_rows, elementwise, ragged_attention
 
 pytestmark = pytest.mark.native
 
 KERNELS = default_cache_dir() / "kernels"
 
-BUILDERS: list[tuple[ModuleType, Callable[..., Any], str]] = [
-    (ragged_attention, ragged_attention.build_ragged_decode, "the ragged decode kernel"),
-    (elementwise, elementwise.build_elementwise, "the elementwise kernel"),
+# (module, builder, what it builds, the dtypes it takes as its reason names them)
+BUILDERS: list[tuple[ModuleType, Callable[..., Any], str, str]] = [
+    (
+        ragged_attention,
+        ragged_attention.build_ragged_decode,
+        "the ragged decode kernel",
+        "bfloat16 or float32",
+    ),
+    (elementwise, elementwise.build_elementwise, "the elementwise kernel", "bfloat16 or float32"),
+    (bf16_rows, bf16_rows.build_compiled_rows, "the compiled few-rows product", "bfloat16"),
 ]
 
 
-@pytest.mark.parametrize(("module", "build", "what"), BUILDERS, ids=["ragged", "elementwise"])
+@pytest.mark.parametrize(
+    ("module", "build", "what", "dtypes"), BUILDERS, ids=["ragged", "elementwise", "rows"]
+)
 def test_no_kernel_where_it_cannot_run_and_the_reason_is_given(
-    module: ModuleType, build: Callable[..., Any], what: str, monkeypatch: pytest.MonkeyPatch
+    module: ModuleType,
+    build: Callable[..., Any],
+    what: str,
+    dtypes: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     cpu = torch.device("cpu")
     half = build(KERNELS, cpu, torch.float16)
     assert half.kernel is None
-    assert half.reason == f"{what} takes bfloat16 or float32, not torch.float16"
-    meta = build(KERNELS, torch.device("meta"), torch.float32)
+    assert half.reason == f"{what} takes {dtypes}, not torch.float16"
+    meta = build(KERNELS, torch.device("meta"), torch.bfloat16)
     assert meta.kernel is None and meta.reason == f"{what} runs on CPU only, not meta"
 
     def no_compiler(*args: object, **kwargs: object) -> None:
@@ -39,7 +52,7 @@ def test_no_kernel_where_it_cannot_run_and_the_reason_is_given(
 
     monkeypatch.setattr("torch.utils.cpp_extension.load_inline", no_compiler)
     monkeypatch.setattr(module, "_module_name", lambda: "tokenpace_kernel_missing")
-    failed = build(KERNELS, cpu, torch.float32)
+    failed = build(KERNELS, cpu, torch.bfloat16)
     assert failed.kernel is None
     assert failed.reason == (
         f"building {what} failed: RuntimeError: Error building extension: c++: not found"

@@ -32,6 +32,14 @@ from tokenpace.engine.native.attention import (
     measure_products_max_len,
     score_bias,
 )
+from tokenpace.engine.native.bf16_rows import (
+    NUMBA_ROWS,
+    CompiledRows,
+    RowsProduct,
+    build_compiled_rows,
+    compiled_rows_win,
+)
+from tokenpace.engine.native.compiled import KernelBuild
 from tokenpace.engine.native.config import NativeEngineConfig
 from tokenpace.engine.native.decode_graphs import DecodeGraphs, bucket_sizes
 from tokenpace.engine.native.elementwise import (
@@ -96,6 +104,7 @@ class NativeEngine(BlockAccountedEngine):
         rng: np.random.Generator,
         ragged: RaggedBuild | None = None,
         elementwise: ElementwiseBuild | None = None,
+        rows: KernelBuild[CompiledRows] | None = None,
     ) -> None:
         self.loaded = loaded
         self.config = config
@@ -111,6 +120,7 @@ class NativeEngine(BlockAccountedEngine):
         self.elementwise_build = elementwise or ElementwiseBuild(
             None, "no elementwise kernel was built"
         )
+        self.rows_build = rows or KernelBuild(None, "no compiled few-rows product was built")
         if config.fused_forward and unsupported_reason(self._model) is None:
             # The first layer's gate projection: the largest kind of product in a layer.
             probe = self._model.model.layers[0].mlp.gate_proj.weight
@@ -161,17 +171,20 @@ class NativeEngine(BlockAccountedEngine):
         ``config.decode_attention`` may take the ragged decode kernel, and where
         ``config.elementwise`` may take the compiled elementwise kernel, build it (once per
         machine, whatever the model: cached under the user cache dir's ``kernels``,
-        ``core.cache.default_cache_dir``) or learn why it cannot be."""
+        ``core.cache.default_cache_dir``) or learn why it cannot be; likewise the compiled
+        few-rows product where ``config.bf16_rows_max_tokens`` may read bfloat16 weights."""
         loaded = load_model(config, clock)
         kernels = default_cache_dir() / "kernels"
         ragged = None
         if config.decode_attention in ("auto", "ragged"):
             ragged = build_ragged_decode(kernels, loaded.device, loaded.dtype)
-        elementwise = None
+        elementwise = rows = None
         if config.fused_forward and config.elementwise in ("auto", "compiled"):
             elementwise = build_elementwise(kernels, loaded.device, loaded.dtype)
+        if config.fused_forward and config.bf16_rows_max_tokens != 0:
+            rows = build_compiled_rows(kernels, loaded.device, loaded.dtype)
         rng = rng if rng is not None else np.random.default_rng(0)
-        return cls(loaded, config, clock, rng, ragged, elementwise)
+        return cls(loaded, config, clock, rng, ragged, elementwise, rows)
 
     def _choose_kernel(self, weight: torch.Tensor) -> LinearKernel:
         """The projections' kernel: float32 products from ``upcast_min_rows`` tokens when
@@ -209,11 +222,14 @@ class NativeEngine(BlockAccountedEngine):
             )
         if setting == 0 or not readable:
             return kernel
+        layers = self._model.model.layers
+        kernel = replace(
+            kernel, rows=self._choose_rows([layer.mlp.gate_proj.weight for layer in layers])
+        )
         if setting > 0:
             self.bf16_rows_max_tokens = setting
             every_weight = self.loaded.weight_bytes
             return replace(kernel, few_rows=setting, few_rows_max_bytes=every_weight)
-        layers = self._model.model.layers
         groups = [
             [layer.self_attn.o_proj.weight for layer in layers],
             [layer.mlp.gate_proj.weight for layer in layers],
@@ -227,6 +243,15 @@ class NativeEngine(BlockAccountedEngine):
         taken = [w for group in groups for w in group if w.numel() * 2 <= max_bytes]
         self.bf16_rows_max_tokens = measure_few_rows(limited, taken, self._clock)
         return replace(limited, few_rows=self.bf16_rows_max_tokens)
+
+    def _choose_rows(self, weights: list[torch.Tensor]) -> RowsProduct:
+        """The few-rows product: the compiled kernel where it was built and a pass of
+        one-row products with ``weights`` finds it faster than numba's loop
+        (``compiled_rows_win``), else numba's."""
+        compiled = self.rows_build.kernel
+        if compiled is None or not compiled_rows_win(compiled, weights, self._clock):
+            return NUMBA_ROWS
+        return compiled
 
     def _choose_small_ops_max_elements(self) -> int:
         """Up to how many elements a step's elementwise work runs on one thread (see
@@ -299,6 +324,15 @@ class NativeEngine(BlockAccountedEngine):
     def projection_kernel(self) -> LinearKernel | None:
         """The fused forward's projection kernel; None when the model's own code runs."""
         return self._kernel
+
+    @property
+    def few_rows_product(self) -> str:
+        """How products of few rows read bfloat16 weights (``bf16_rows``): ``numba`` or
+        ``compiled``; ``none`` where they do not."""
+        kernel = self._kernel
+        if not self.bf16_rows_max_tokens or not isinstance(kernel, UpcastLinear | PackedLinear):
+            return "none"
+        return kernel.rows.name
 
     @property
     def linear_kernel(self) -> str:

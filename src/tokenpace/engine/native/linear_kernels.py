@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 
 from tokenpace.core.procfs import proc_field
-from tokenpace.engine.native.bf16_rows import bf16_rows_product, weight_bits
+from tokenpace.engine.native.bf16_rows import NUMBA_ROWS, RowsProduct, rows_pass, weight_bits
 from tokenpace.engine.native.interleaved import beats, best_times
 from tokenpace.engine.native.small_ops import NO_SMALL_OPS, SmallOps
 
@@ -100,14 +100,15 @@ class UpcastLinear:
     blocks converted per call. The packed product converts its input and output as
     ``small_ops`` says (on one thread when small). Up to ``few_rows`` rows of ``x`` (0:
     never) the product of a weight of at most ``few_rows_max_bytes`` bytes instead reads
-    the bfloat16 weight itself on the calling thread (``bf16_rows``; bfloat16 CPU weights
-    only)."""
+    the bfloat16 weight itself on the calling thread (``bf16_rows``, by ``rows``: numba's
+    loop or the compiled kernel; bfloat16 CPU weights only)."""
 
     min_rows: int | None
     packed: bool = False
     small_ops: SmallOps = NO_SMALL_OPS
     few_rows: int = 0
     few_rows_max_bytes: int = 0
+    rows: RowsProduct = NUMBA_ROWS
 
     @property
     def name(self) -> str:
@@ -122,7 +123,7 @@ class UpcastLinear:
 
     def __call__(self, x: torch.Tensor, prepared: PreparedWeight) -> torch.Tensor:
         if prepared.bits is not None and x.shape[0] <= self.few_rows:
-            return bf16_rows_product(x, prepared.bits)
+            return self.rows(x, prepared.plain, prepared.bits)
         if self.min_rows is None or x.shape[0] < self.min_rows:
             return F.linear(x, prepared.plain)
         if prepared.packed is not None:
@@ -232,11 +233,11 @@ def measure_few_rows_max_bytes(
     repeats: int = 3,
 ) -> int:
     """Up to how many bytes a bfloat16 weight's one-row product is faster read by
-    ``bf16_rows`` on the calling thread than by ``kernel``: each group (weights of one
-    size, such as one projection of every layer) is timed at one row over a pass of the
-    group, each side its best of ``repeats`` interleaved passes (``kernel``'s first); the
-    answer is the size of the largest group up to which ``bf16_rows`` wins at every group,
-    0 when it loses at the smallest."""
+    ``bf16_rows`` (``kernel.rows``) on the calling thread than by ``kernel``: each group
+    (weights of one size, such as one projection of every layer) is timed at one row over a
+    pass of the group, each side its best of ``repeats`` interleaved passes (``kernel``'s
+    first); the answer is the size of the largest group up to which ``bf16_rows`` wins at
+    every group, 0 when it loses at the smallest."""
     most = 0
     with torch.inference_mode():
         for group in sorted(groups, key=lambda group: group[0].numel()):
@@ -244,7 +245,8 @@ def measure_few_rows_max_bytes(
             prepared = [kernel.prepare(weight) for weight in group]
             xs = [torch.randn(1, w.shape[1], dtype=w.dtype) for w in group]
             if not beats(
-                partial(_bits_pass, xs, bits), partial(_kernel_pass, kernel, xs, prepared),
+                partial(rows_pass, kernel.rows, xs, group, bits),
+                partial(_kernel_pass, kernel, xs, prepared),
                 clock, repeats,
             ):  # fmt: skip
                 break
@@ -258,8 +260,8 @@ def measure_few_rows(
     clock: Clock = time.perf_counter,
     repeats: int = 3,
 ) -> int:
-    """The most rows (of ``FEW_ROWS_PROBE_ROWS``) up to which ``bf16_rows``, reading the
-    bfloat16 weights themselves, is the better choice than ``kernel`` over a pass of one
+    """The most rows (of ``FEW_ROWS_PROBE_ROWS``) up to which ``bf16_rows`` (``kernel.rows``),
+    reading the bfloat16 weights themselves, is the better choice than ``kernel`` over a pass of one
     product with each of ``weights`` (one kind from every layer, as
     ``measure_packing_wins`` takes them; each no larger than ``few_rows_max_bytes``),
     kernel's product otherwise: the largest probed count at
@@ -276,7 +278,7 @@ def measure_few_rows(
         for rows in FEW_ROWS_PROBE_ROWS:
             xs = [torch.randn(rows, w.shape[1], dtype=w.dtype) for w in weights]
             bits_s, kernel_s = best_times(
-                partial(_bits_pass, xs, bits),
+                partial(rows_pass, kernel.rows, xs, weights, bits),
                 partial(_kernel_pass, kernel, xs, prepared),
                 clock,
                 repeats,
@@ -285,11 +287,6 @@ def measure_few_rows(
             if bits_s < kernel_s and summed_bits < summed_kernel:
                 most = rows
     return most
-
-
-def _bits_pass(xs: Sequence[torch.Tensor], bits: Sequence[npt.NDArray[np.uint16]]) -> None:
-    for x, weight in zip(xs, bits, strict=True):
-        bf16_rows_product(x, weight)
 
 
 def _kernel_pass(
@@ -306,11 +303,12 @@ class PackedLinear:
     RuntimeError where the weight's dtype has no oneDNN kernel. As ``UpcastLinear``'s, up
     to ``few_rows`` rows of ``x`` (0: never) the product of a weight of at most
     ``few_rows_max_bytes`` bytes instead reads the bfloat16 weight itself on the calling
-    thread (``bf16_rows``): then the float32 product rounded to bfloat16, equal to oneDNN's
-    up to the summation order."""
+    thread (``bf16_rows``, by ``rows``): then the float32 product rounded to bfloat16,
+    equal to oneDNN's up to the summation order."""
 
     few_rows: int = 0
     few_rows_max_bytes: int = 0
+    rows: RowsProduct = NUMBA_ROWS
 
     @property
     def name(self) -> str:
@@ -321,7 +319,7 @@ class PackedLinear:
 
     def __call__(self, x: torch.Tensor, prepared: PreparedWeight) -> torch.Tensor:
         if prepared.bits is not None and x.shape[0] <= self.few_rows:
-            return bf16_rows_product(x, prepared.bits)
+            return self.rows(x, prepared.plain, prepared.bits)
         return _onednn_linear(x, prepared.packed_or_raise())
 
 
