@@ -35,6 +35,16 @@ def test_eq2_fit_recovers_the_hinge(l_min: float, b0: int, alpha: float) -> None
     assert fit.r2 == pytest.approx(1.0)
 
 
+def test_noisy_points_never_give_a_negative_step_time() -> None:
+    # A fast engine's noisy points whose free line at the knee would fall below zero.
+    steps = {1: 0.5, 2: 1.0, 4: 12.0, 8: 28.0}
+    points = [DecodePoint(b, 16, ms, 0.0) for b, ms in steps.items()]
+    for fit in (fit_eq2(points, b0=1), fit_eq2(points), fit_eq2_discrete(points)):
+        assert fit.l_min_ms >= 0 and fit.alpha_ms >= 0
+    held = fit_eq2(points, b0=1)  # the free line would cross zero at b0 = 1 (about -0.9 ms)
+    assert 0 <= held.l_min_ms < 0.5 and held.alpha_ms == pytest.approx(4.0, abs=0.2)
+
+
 def test_flat_curve_has_zero_alpha() -> None:
     fit = fit_eq2(decode_points(30.0, 64, 0.0))
     assert fit.alpha_ms == pytest.approx(0.0)

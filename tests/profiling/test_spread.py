@@ -43,6 +43,8 @@ def test_one_sweep_is_measured_as_the_profile_measures_it_and_fitted_both_ways()
     assert all(ms > 0 for _, ms in run.decode_ms)
     assert set(run.fits) == set(FITS)
     for fit in run.fits.values():
-        assert fit.l_min_ms > 0
+        # The tiny model's steps take about a millisecond; their noise may tilt a fit to its
+        # floor, never below it.
+        assert fit.l_min_ms >= 0 and fit.alpha_ms >= 0
         assert 1 <= fit.b0 <= 8
     assert engine.num_active_slots == 0

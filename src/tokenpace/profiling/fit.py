@@ -60,14 +60,20 @@ def _arrays(points: Sequence[DecodePoint]) -> tuple[np.ndarray, np.ndarray]:
 def _hinge(
     batch: np.ndarray, ms: np.ndarray, weights: np.ndarray, knee: float
 ) -> tuple[float, float, np.ndarray]:
-    """Weighted least squares of ``ms = l_min + alpha * max(0, batch - knee)``, alpha >= 0;
-    returns l_min, alpha and the residuals."""
+    """Weighted least squares of ``ms = l_min + alpha * max(0, batch - knee)`` with both
+    parameters physical (a step takes time, more requests never less): alpha >= 0 and
+    l_min >= 0, each held at 0 where the free fit would cross it (noisy points of a fast
+    engine can tilt the line below zero at the knee); returns l_min, alpha and the
+    residuals."""
     hinge = np.maximum(0.0, batch - knee)
     root = np.sqrt(weights)
     design = np.column_stack([np.ones_like(batch), hinge]) * root[:, None]
     (l_min, alpha), *_ = np.linalg.lstsq(design, ms * root, rcond=None)
     if alpha < 0:
         l_min, alpha = float(np.average(ms, weights=weights)), 0.0
+    elif l_min < 0:
+        # The line through the origin at the knee: alpha = sum(w h ms) / sum(w h^2) >= 0.
+        l_min, alpha = 0.0, float(np.sum(weights * hinge * ms) / np.sum(weights * hinge**2))
     return float(l_min), float(alpha), ms - (l_min + alpha * hinge)
 
 
