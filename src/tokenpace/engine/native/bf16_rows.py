@@ -41,6 +41,7 @@ import numpy.typing as npt
 import torch
 
 from tokenpace.engine.native.compiled import (
+    ELEMENT_ACCESS,
     CpuKernelSource,
     KernelBuild,
     build_cpu_kernel,
@@ -116,7 +117,8 @@ class NumbaRows:
 
 NUMBA_ROWS = NumbaRows()
 
-_SOURCE = r"""
+_SOURCE = (
+    r"""
 #include <torch/extension.h>
 #include <algorithm>
 #include <cstdint>
@@ -124,13 +126,9 @@ _SOURCE = r"""
 
 namespace {
 
-inline float widen_one(uint16_t h) {
-  const uint32_t bits = static_cast<uint32_t>(h) << 16;
-  float v;
-  std::memcpy(&v, &bits, sizeof(v));
-  return v;
-}
-
+"""
+    + ELEMENT_ACCESS
+    + r"""
 // out[r, o] = sum_i x[r, i] * w[o, i]: four weight rows at a time (kept in the L1 cache
 // while every row of x takes its product with them), each sum in sixteen float32 lanes
 // (reassociated), the weights' bfloat16 patterns widened exactly.
@@ -146,10 +144,10 @@ void rows_product_f32(const float* x, const uint16_t* w, float* out, int64_t row
         int64_t i = 0;
         for (; i + 16 <= n_in; i += 16) {
 #pragma GCC unroll 16
-          for (int l = 0; l < 16; ++l) lanes[l] += xr[i + l] * widen_one(wr[i + l]);
+          for (int l = 0; l < 16; ++l) lanes[l] += xr[i + l] * widen(wr[i + l]);
         }
         float total = 0.f;
-        for (; i < n_in; ++i) total += xr[i] * widen_one(wr[i]);
+        for (; i < n_in; ++i) total += xr[i] * widen(wr[i]);
         for (int l = 0; l < 16; ++l) total += lanes[l];
         out[r * n_out + o + b] = total;
       }
@@ -172,6 +170,7 @@ torch::Tensor rows_product(torch::Tensor x, torch::Tensor weight) {
   return out.to(x.scalar_type());
 }
 """
+)
 _KERNEL = CpuKernelSource(
     _SOURCE,
     ("rows_product",),
