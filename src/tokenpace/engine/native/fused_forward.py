@@ -66,7 +66,6 @@ class _Layer:
     gate_up: PreparedWeight
     down: PreparedWeight
     act: Any
-    act_is_silu: bool
     scale: float
 
 
@@ -103,13 +102,11 @@ class FusedForward:
         self._inner = model.model
         self._lm_head = prepare(model.lm_head.weight)
         self._eps = float(config.rms_norm_eps)
-        self._num_heads = int(config.num_attention_heads)
-        self._num_kv_heads = int(config.num_key_value_heads)
-        self._head_dim = int(
-            getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        )
+        widths = self.widths(config)
+        self._num_heads, self._num_kv_heads = widths.heads, widths.kv_heads
+        self._head_dim = widths.head_dim
         # The MLP's activation as transformers' Llama code builds it (``ACT2FN[hidden_act]``).
-        silu = getattr(config, "hidden_act", None) in SILU_NAMES
+        self._silu = getattr(config, "hidden_act", None) in SILU_NAMES
         self._layers = [
             _Layer(
                 input_norm=layer.input_layernorm.weight,
@@ -121,16 +118,15 @@ class FusedForward:
                 gate_up=prepare(_fuse(layer.mlp.gate_proj, layer.mlp.up_proj)),
                 down=prepare(layer.mlp.down_proj.weight),
                 act=layer.mlp.act_fn,
-                act_is_silu=silu,
                 scale=float(layer.self_attn.scaling),
             )
             for layer in self._inner.layers
         ]
         # Per token, the most elements any elementwise operation of a layer touches.
         self._widest = max(
-            int(config.hidden_size),
-            int(config.intermediate_size),
-            (self._num_heads + 2 * self._num_kv_heads) * self._head_dim,
+            widths.hidden,
+            widths.intermediate,
+            (widths.heads + 2 * widths.kv_heads) * widths.head_dim,
         )
 
     @property
@@ -244,7 +240,7 @@ class FusedForward:
             x, h = self._elementwise.add_rms_norm(x, projected, spec.post_norm, self._eps)
         gate_up = linear(h, spec.gate_up)
         with small:
-            if spec.act_is_silu:
+            if self._silu:
                 activated = self._elementwise.silu_mul(gate_up)
             else:
                 gate, up = gate_up.chunk(2, dim=-1)
