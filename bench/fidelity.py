@@ -72,6 +72,7 @@ QUICK_SWEEP = SweepConfig(
     mixed_batch_size=4,
     mixed_chunk=16,
     mixed_split=4,
+    mixed_chunks=(64,),
     steps_per_point=3,
     warmup_steps=1,
     repeats=1,

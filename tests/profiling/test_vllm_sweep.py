@@ -30,6 +30,7 @@ SMALL = SweepConfig(
     mixed_batch_size=4,
     mixed_chunk=32,
     mixed_split=4,
+    mixed_chunks=(16,),
     steps_per_point=4,
     warmup_steps=1,
     repeats=1,

@@ -200,7 +200,7 @@ def without_context(points: Sequence[DecodePoint], per_kctx_ms: float) -> list[D
 
 
 def fit_prefill(
-    points: Sequence[PrefillPoint], floor_ms: float, mixed: MixedPoint | None
+    points: Sequence[PrefillPoint], floor_ms: float, mixed: Sequence[MixedPoint] = ()
 ) -> PrefillFit:
     """Least squares of ``step_ms = f + p * C + a * C * mean_context / 1000`` over
     prefill-only steps; ``a`` clamped at 0 and ``p`` at 0. The floor ``f`` is fitted where
@@ -211,11 +211,12 @@ def fit_prefill(
     decode step's (a 16-token chunk took 64.5 ms where batch 1 decoded in 28 ms and the
     curve beyond it starts near 40 ms). Otherwise ``f = floor_ms`` and ``floor_ms`` of the
     fit is 0. The mixing overhead is what a decode step with one chunk costs beyond the
-    decode step plus the chunk's model cost (clamped at 0; 0 without a mixed point). The
-    per-chunk overhead is what the mixed point's split step (the same tokens as k chunks)
-    costs beyond the one-chunk step and the chunks' model costs, over k - 1 (clamped at 0;
-    0 when the split was not timed). With a single point the attention term is 0: one
-    point cannot tell the two terms apart."""
+    decode step plus the chunk's model cost: the median over the ``mixed`` points, so that
+    one chunk size the engine runs slowly does not set it (clamped at 0; 0 without mixed
+    points). The per-chunk overhead is what a split step (the same tokens as k chunks)
+    costs beyond its one-chunk step and the chunks' model costs, over k - 1: the median
+    over the points whose split was timed (clamped at 0; 0 when none was). With a single
+    prefill point the attention term is 0: one point cannot tell the two terms apart."""
     if not points:
         raise ValueError("the prefill fit needs at least one prefill point")
     chunk = np.array([p.num_tokens for p in points], dtype=float)
@@ -226,18 +227,23 @@ def fit_prefill(
         fitted_floor = 0.0
         _, per_token, attention = _prefill_terms(chunk, mean_context, step_ms, floor_ms)
     fit = PrefillFit(per_token, attention, 0.0, floor_ms=fitted_floor)
-    if mixed is None:
+    if not mixed:
         return fit
-    overhead = mixed.mixed_ms - mixed.decode_ms - fit.chunk_ms(mixed.chunk, 0)
-    per_chunk = 0.0
-    k = mixed.split_chunks
-    if k > 1:
-        tokens_ms = k * fit.chunk_ms(mixed.split_chunk, 0) - fit.chunk_ms(mixed.chunk, 0)
-        per_chunk = (mixed.split_ms - mixed.mixed_ms - tokens_ms) / (k - 1)
+    overhead = statistics.median(
+        point.mixed_ms - point.decode_ms - fit.chunk_ms(point.chunk, 0) for point in mixed
+    )
+    per_chunk = [_per_chunk_ms(fit, point) for point in mixed if point.split_chunks > 1]
     return PrefillFit(
-        fit.ms_per_token, fit.attention_ms_per_kctx, max(0.0, overhead), max(0.0, per_chunk),
-        fitted_floor,
+        fit.ms_per_token, fit.attention_ms_per_kctx, max(0.0, overhead),
+        max(0.0, statistics.median(per_chunk)) if per_chunk else 0.0, fitted_floor,
     )  # fmt: skip
+
+
+def _per_chunk_ms(fit: PrefillFit, point: MixedPoint) -> float:
+    """What each chunk beyond the first of ``point``'s split step adds (ms)."""
+    k = point.split_chunks
+    tokens_ms = k * fit.chunk_ms(point.split_chunk, 0) - fit.chunk_ms(point.chunk, 0)
+    return (point.split_ms - point.mixed_ms - tokens_ms) / (k - 1)
 
 
 def _prefill_terms(

@@ -105,6 +105,7 @@ def dry_run_config() -> GpuCheckConfig:
             mixed_batch_size=4,
             mixed_chunk=16,
             mixed_split=4,
+            mixed_chunks=(64,),
             steps_per_point=3,
             warmup_steps=1,
             repeats=1,

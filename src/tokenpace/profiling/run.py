@@ -205,7 +205,7 @@ def point_notes(
     decode: Sequence[DecodePoint],
     context: Sequence[DecodePoint],
     prefill: Sequence[PrefillPoint],
-    mixed: MixedPoint | None,
+    mixed: Sequence[MixedPoint],
 ) -> dict[str, str]:
     """The profile notes that record the fit's flat region and every measured point."""
     notes = {
@@ -220,14 +220,19 @@ def point_notes(
             f"C={p.num_tokens} start={p.context_start}: {p.step_ms:.2f} ms" for p in prefill
         ),
     }
-    if mixed is not None:
-        notes["mixed"] = (
-            f"B={mixed.batch_size}: {mixed.decode_ms:.2f} ms alone, {mixed.mixed_ms:.2f} ms "
-            f"with a {mixed.chunk}-token chunk"
-        )
-        if mixed.split_chunks > 1:
-            notes["mixed"] += (
-                f", {mixed.split_ms:.2f} ms with {mixed.split_chunks} chunks of "
-                f"{mixed.split_chunk} tokens"
-            )
+    if mixed:
+        notes["mixed"] = "; ".join(_mixed_note(point) for point in mixed)
     return notes
+
+
+def _mixed_note(point: MixedPoint) -> str:
+    note = (
+        f"B={point.batch_size}: {point.decode_ms:.2f} ms alone, {point.mixed_ms:.2f} ms "
+        f"with a {point.chunk}-token chunk"
+    )
+    if point.split_chunks > 1:
+        note += (
+            f", {point.split_ms:.2f} ms with {point.split_chunks} chunks of "
+            f"{point.split_chunk} tokens"
+        )
+    return note

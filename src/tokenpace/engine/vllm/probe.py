@@ -304,7 +304,12 @@ def check_fits(llm: Any, config: SweepConfig) -> None:
                 f"batch {size} at context {context} needs {blocks} KV blocks, the engine has "
                 f"{num_blocks}"
             )
-    largest = max((*config.prefill_chunks, config.mixed_batch_size + config.mixed_chunk))
+    mixed_steps = (
+        [config.mixed_batch_size + chunk for chunk in (config.mixed_chunk, *config.mixed_chunks)]
+        if config.mixed_batch_size
+        else []
+    )
+    largest = max((*config.prefill_chunks, *mixed_steps))
     if largest > budget:
         raise ValueError(f"a {largest}-token step exceeds max_num_batched_tokens = {budget}")
     if any(config.prefill_context_starts):
