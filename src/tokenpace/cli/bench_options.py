@@ -57,8 +57,8 @@ class BenchOptions:
     )
     engine: str = option(
         "sim",
-        "sim (simulator), native or vllm (real model, CPU-sized workloads; vllm uses "
-        "--profile, default v100-llama-3.2-3b, for the policy's latency terms).",
+        "sim (simulator), native or vllm (real model, CPU-sized workloads; the engine's "
+        "fitted profile sizes them and the policies plan with it, unless --profile).",
         choices=bench_engines,
     )
     fidelity: bool = option(
