@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tokenpace.bench.matrix import MatrixConfig, run_matrix
+from tokenpace.bench.matrix import CellSpec, MatrixConfig, cells, run_matrix, run_order
 from tokenpace.bench.suite import run_bench
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.metrics.slo import Slo
@@ -113,3 +113,27 @@ def test_policy_slo_paces_the_policy_and_the_runs_are_judged_by_slo(
     # Judged against the part's 100 ms TPOT, which the relaxed run's slowest requests miss.
     assert relaxed["tpot_ms"]["p99"] > 100.0
     assert relaxed["slo_attainment"] < paced["slo_attainment"]
+
+
+def test_one_process_interleaves_the_schedulers_seed_by_seed(
+    paper_profile: EngineProfile,
+) -> None:
+    part = replace(
+        small_config(paper_profile)[0],
+        schedulers=("twp", "fcfs", "sla_batch"),
+        workloads=(PoissonWorkload(rate_per_s=6, duration_s=1, max_requests=4),),
+        seeds=(0, 1, 2),
+    )
+    second = replace(part, schedulers=("fcfs",), seeds=(5,))
+    ran: list[CellSpec] = []
+    results = run_matrix([part, second], workers=1, on_done=ran.append)
+    assert [(cell.scheduler, cell.seed) for cell in ran] == [
+        ("twp", 0), ("fcfs", 0), ("sla_batch", 0),
+        ("sla_batch", 1), ("fcfs", 1), ("twp", 1),
+        ("twp", 2), ("fcfs", 2), ("sla_batch", 2),
+        ("fcfs", 5),
+    ]  # fmt: skip
+    # Every cell runs once, and the results keep the cells' order.
+    assert sorted(run_order([part, second])) == list(range(10))
+    expected = [(cell.scheduler, cell.seed) for cell in cells([part, second])]
+    assert [(r.run["scheduler"], r.run["seed"]) for r in results] == expected
