@@ -250,3 +250,16 @@ def test_the_first_step_after_idle_pays_the_longest_gaps_cost_from_the_gap_that_
 def test_no_idle_cost_within_the_step_noise_or_without_points() -> None:
     assert fit_idle_wake([_idle(0.2, 3.0), _idle(1.0, 4.0)]) == IdleWakeFit(0.0, 0.0)
     assert fit_idle_wake([]) == IdleWakeFit(0.0, 0.0)
+
+
+def test_a_decode_floor_above_the_prefill_steps_keeps_their_own_slope() -> None:
+    # Start-up calibration on a busy machine: decode timed at 71 ms in a slow phase, the
+    # two prefill chunks after it at their usual speed, the shorter one below that floor.
+    points = [PrefillPoint(32, 0, 45.0), PrefillPoint(128, 0, 110.0)]
+    fit = fit_prefill(points, 71.0)
+    assert fit.floor_ms == 0.0
+    assert fit.ms_per_token == pytest.approx(65.0 / 96)
+    # A floor below the points keeps the fit through that floor.
+    assert fit_prefill(points, 20.0).ms_per_token == pytest.approx(
+        (32 * 25.0 + 128 * 90.0) / (32**2 + 128**2)
+    )

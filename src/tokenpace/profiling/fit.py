@@ -216,7 +216,9 @@ def fit_prefill(
     points). The per-chunk overhead is what a split step (the same tokens as k chunks)
     costs beyond its one-chunk step and the chunks' model costs, over k - 1: the median
     over the points whose split was timed (clamped at 0; 0 when none was). With a single
-    prefill point the attention term is 0: one point cannot tell the two terms apart."""
+    prefill point the attention term is 0: one point cannot tell the two terms apart. Where
+    the floor is ``floor_ms`` and lies so high that the per-token term would come out at 0
+    while the points rise with the chunk, the per-token term is the points' own slope."""
     if not points:
         raise ValueError("the prefill fit needs at least one prefill point")
     chunk = np.array([p.num_tokens for p in points], dtype=float)
@@ -226,6 +228,10 @@ def fit_prefill(
     if not fitted_floor > floor_ms:  # also when the points do not determine it (NaN)
         fitted_floor = 0.0
         _, per_token, attention = _prefill_terms(chunk, mean_context, step_ms, floor_ms)
+        if per_token <= 0 and len(set(chunk.tolist())) > 1:
+            # The decode floor lies above the prefill steps (decode timed in a slow phase of
+            # the machine, 71 ms where a 32-token prefill took less): the points' own slope.
+            per_token = max(0.0, float(np.polyfit(chunk, step_ms, 1)[0]))
     fit = PrefillFit(per_token, attention, 0.0, floor_ms=fitted_floor)
     if not mixed:
         return fit
