@@ -82,8 +82,8 @@ fi
 if wants native; then
   # The native engine's C++ kernels (ragged decode attention, elementwise work, few-row
   # products), built once per machine into the user cache dir, so that the first engine load
-  # does not pay their builds (about 25 s each). Where one cannot be built the engine keeps torch's operations
-  # (SDPA for the attention), saying why.
+  # does not pay their builds (about 25 s each). Where one cannot be built the engine keeps
+  # torch's operations (SDPA for the attention, numba's loop for few rows), saying why.
   .venv/bin/python -c 'import torch
 from tokenpace.core.cache import default_cache_dir
 from tokenpace.engine.native.bf16_rows import build_compiled_rows

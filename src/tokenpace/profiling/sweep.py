@@ -92,6 +92,14 @@ class SweepConfig:
         "first steps of a shape run slower than later ones).",
     )
 
+    @property
+    def mixed_chunk_sizes(self) -> tuple[int, ...]:
+        """Every chunk size the mixed points carry, each once: ``mixed_chunk`` first, then
+        ``mixed_chunks``; none when ``mixed_batch_size`` is 0."""
+        if not self.mixed_batch_size:
+            return ()
+        return tuple(dict.fromkeys((self.mixed_chunk, *self.mixed_chunks)))
+
     def __post_init__(self) -> None:
         require_positive(self, "decode_context", "steps_per_point", "repeats", "decode_rounds")
         if self.warmup_steps < 0:
@@ -236,9 +244,8 @@ def measure_mixed(probe: TimingProbe, config: SweepConfig) -> tuple[MixedPoint, 
     if not config.mixed_batch_size:
         return ()
     points = [probe.mixed(config)]
-    for chunk in dict.fromkeys(config.mixed_chunks):
-        if chunk != config.mixed_chunk:
-            points.append(probe.mixed(replace(config, mixed_chunk=chunk, mixed_split=1)))
+    for chunk in config.mixed_chunk_sizes[1:]:
+        points.append(probe.mixed(replace(config, mixed_chunk=chunk, mixed_split=1)))
     return tuple(points)
 
 

@@ -304,11 +304,7 @@ def check_fits(llm: Any, config: SweepConfig) -> None:
                 f"batch {size} at context {context} needs {blocks} KV blocks, the engine has "
                 f"{num_blocks}"
             )
-    mixed_steps = (
-        [config.mixed_batch_size + chunk for chunk in (config.mixed_chunk, *config.mixed_chunks)]
-        if config.mixed_batch_size
-        else []
-    )
+    mixed_steps = [config.mixed_batch_size + chunk for chunk in config.mixed_chunk_sizes]
     largest = max((*config.prefill_chunks, *mixed_steps))
     if largest > budget:
         raise ValueError(f"a {largest}-token step exceeds max_num_batched_tokens = {budget}")
