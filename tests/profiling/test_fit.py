@@ -45,6 +45,15 @@ def test_noisy_points_never_give_a_negative_step_time() -> None:
     assert 0 <= held.l_min_ms < 0.5 and held.alpha_ms == pytest.approx(4.0, abs=0.2)
 
 
+def test_points_below_zero_fit_a_flat_zero_line() -> None:
+    # Decode points with a context term taken out that came out too large (a tiny model's
+    # noise): at the largest knee no point lies beyond it, and the free line is below zero.
+    steps = {1: -1.0, 2: -0.5, 4: -2.0, 8: -1.5}
+    points = [DecodePoint(b, 16, ms, 0.0) for b, ms in steps.items()]
+    for fit in (fit_eq2(points), fit_eq2(points, b0=8), fit_eq2_discrete(points)):
+        assert (fit.l_min_ms, fit.alpha_ms) == (0.0, 0.0)
+
+
 def test_flat_curve_has_zero_alpha() -> None:
     fit = fit_eq2(decode_points(30.0, 64, 0.0))
     assert fit.alpha_ms == pytest.approx(0.0)

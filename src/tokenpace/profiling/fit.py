@@ -63,17 +63,20 @@ def _hinge(
     """Weighted least squares of ``ms = l_min + alpha * max(0, batch - knee)`` with both
     parameters physical (a step takes time, more requests never less): alpha >= 0 and
     l_min >= 0, each held at 0 where the free fit would cross it (noisy points of a fast
-    engine can tilt the line below zero at the knee); returns l_min, alpha and the
-    residuals."""
+    engine can tilt the line below zero at the knee, and points with a fitted context term
+    taken out can fall below zero themselves); returns l_min, alpha and the residuals."""
     hinge = np.maximum(0.0, batch - knee)
     root = np.sqrt(weights)
     design = np.column_stack([np.ones_like(batch), hinge]) * root[:, None]
     (l_min, alpha), *_ = np.linalg.lstsq(design, ms * root, rcond=None)
-    if alpha < 0:
-        l_min, alpha = float(np.average(ms, weights=weights)), 0.0
+    leverage = float(np.sum(weights * hinge**2))
+    if alpha < 0 or leverage == 0:
+        # Flat: the weighted mean, or zero where even that is negative.
+        l_min, alpha = max(0.0, float(np.average(ms, weights=weights))), 0.0
     elif l_min < 0:
-        # The line through the origin at the knee: alpha = sum(w h ms) / sum(w h^2) >= 0.
-        l_min, alpha = 0.0, float(np.sum(weights * hinge * ms) / np.sum(weights * hinge**2))
+        # The line through the origin at the knee: alpha = sum(w h ms) / sum(w h^2), held at
+        # 0 where the points beyond the knee average below zero.
+        l_min, alpha = 0.0, max(0.0, float(np.sum(weights * hinge * ms) / leverage))
     return float(l_min), float(alpha), ms - (l_min + alpha * hinge)
 
 
