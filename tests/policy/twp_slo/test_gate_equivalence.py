@@ -49,10 +49,14 @@ def reference_deferral_keys(
     per_step: float,
     backlog: float,
     excluded: set[int],
+    aim_s: float | None = None,
 ) -> npt.NDArray[np.float64]:
     """Moore-Hodgson written out: feasible requests in (arrival, position) order, the on-time
     ones first (3e12 - rank), then the deferred (2e12 - rank), then the rest (-position);
-    each time the newest is late, the largest prompt kept (the latest among equals) goes."""
+    each time the newest is late, the largest prompt kept (the latest among equals) goes.
+    With ``aim_s`` below the objective, when a request not excluded is infeasible or one is
+    deferred, the requests kept by the same walk over those feasible within ``aim_s``,
+    against that deadline, go before all (4e12 - rank)."""
     n = len(waiting)
     prompts = waiting.num_prompt_tokens
     arrivals = waiting.arrival_s
@@ -60,20 +64,30 @@ def reference_deferral_keys(
     slack = ttft_s - (now_s - arrivals) - steps * step_s
     feasible = [i for i in range(n) if slack[i] >= 0 and i not in excluded]
     order = sorted(feasible, key=lambda i: (float(arrivals[i]), i))
-    kept: list[int] = []
-    late: set[int] = set()
-    for i in order:
-        kept.append(i)
-        if ttft_s > 1e10:
-            continue
-        total = backlog + sum(int(prompts[j]) for j in kept)
-        if np.ceil(total / max(1.0, per_step)) * step_s > ttft_s - (now_s - arrivals[i]):
-            worst = max(kept, key=lambda j: (int(prompts[j]), order.index(j)))
-            kept.remove(worst)
-            late.add(worst)
+
+    def late_ones(candidates: list[int], deadline_s: float) -> set[int]:
+        kept: list[int] = []
+        late: set[int] = set()
+        for i in candidates:
+            kept.append(i)
+            if deadline_s > 1e10:
+                continue
+            total = backlog + sum(int(prompts[j]) for j in kept)
+            if np.ceil(total / max(1.0, per_step)) * step_s > deadline_s - (now_s - arrivals[i]):
+                worst = max(kept, key=lambda j: (int(prompts[j]), order.index(j)))
+                kept.remove(worst)
+                late.add(worst)
+        return late
+
+    late = late_ones(order, ttft_s)
+    first: set[int] = set()
+    overloaded = bool(late) or len(feasible) < n - len(excluded)
+    if aim_s is not None and aim_s < ttft_s and overloaded:
+        within = [i for i in order if slack[i] >= ttft_s - aim_s]
+        first = set(within) - late_ones(within, aim_s)
     keys = -np.arange(n, dtype=np.float64)
     for rank, i in enumerate(order):
-        keys[i] = (2e12 if i in late else 3e12) - rank
+        keys[i] = (4e12 if i in first else 2e12 if i in late else 3e12) - rank
     return keys
 
 
@@ -195,7 +209,9 @@ class ReferenceTwpSlo(TwpSloPolicy):
                     for r in state.running
                     if r.is_prefilling and all(r is not x for x in late)
                 )
-                return reference_deferral_keys(*args, per_step, float(backlog), excluded)
+                return reference_deferral_keys(
+                    *args, per_step, float(backlog), excluded, cfg.ttft_aim_s
+                )
             return reference_keys(*args, per_step)
         running = state.running
         remaining = self.expected.running_remaining(running)
@@ -310,6 +326,7 @@ def _walk(compiled: bool) -> DeferralLoop | None:
     step_s=st.sampled_from([0.0, 0.08, 1.0]),
     per_step=st.sampled_from([0.5, 16.0, 64.0, 2048.0]),
     backlog=st.sampled_from([0.0, 100.0, 5000.0]),
+    aim=st.sampled_from([None, 0.3, 0.7, 1.0]),
     data=st.data(),
 )
 def test_deferral_order_is_moore_hodgson(
@@ -318,23 +335,27 @@ def test_deferral_order_is_moore_hodgson(
     step_s: float,
     per_step: float,
     backlog: float,
+    aim: float | None,
     data: st.DataObject,
     compiled: bool,
 ) -> None:
+    aim_s = None if aim is None else aim * ttft_s
     state = build(snapshot)
     waiting = state.waiting
     n = len(waiting)
     excluded = sorted(data.draw(st.sets(st.integers(0, max(0, n - 1)), max_size=n // 2)))
     skip = set(excluded)
     keys = (
-        reference_deferral_keys(waiting, state.now_s, ttft_s, step_s, per_step, backlog, skip)
+        reference_deferral_keys(
+            waiting, state.now_s, ttft_s, step_s, per_step, backlog, skip, aim_s
+        )
         if n
         else np.empty(0)
     )
     want = [int(i) for i in np.argsort(-keys, kind="stable") if i not in skip]
     got = deadline_order(
         waiting, state.now_s, ttft_s, step_s, per_step, np.array(excluded, dtype=np.intp),
-        backlog, _walk(compiled),
+        backlog, _walk(compiled), aim_s,
     )  # fmt: skip
     assert [r.request_id for r in got] == [waiting[i].request_id for i in want]
 

@@ -14,6 +14,16 @@ be late, the longest prompt so far is deferred. On-time requests go first in dea
 then the deferred ones (still feasible alone, in deadline order), then the infeasible.
 Without ``backlog_tokens`` the feasible go by least slack alone, each judged as if it were
 the only one.
+
+An aim below the objective (``aim_s``) shapes the order under overload, when some waiting
+request can no longer meet the objective or the split defers one. Then the earliest
+deadlines are the requests that have waited longest, so every request served on time waits
+nearly the whole objective, and a reader who expects the first token sooner (Andes' QoE)
+waits longer than promised for every one of them. Under overload the queue holds more
+requests than can be served on time whichever are chosen, so the same split, run against
+the aim, picks those that can still get their first token within it, and they go first;
+the rest of the on-time split, the deferred and the infeasible follow as before. While no
+request is lost the order is the plain split, which serves the most on time.
 """
 
 from __future__ import annotations
@@ -96,6 +106,7 @@ def deadline_order(
     excluded: npt.NDArray[np.intp],
     backlog_tokens: float | None = None,
     compiled: DeferralLoop | None = None,
+    aim_s: float | None = None,
 ) -> Iterator[Request]:
     """Waiting requests other than those at positions ``excluded`` in the order of a stable
     sort of ``deadline_keys`` (highest first), computing keys only for requests that can be
@@ -104,7 +115,9 @@ def deadline_order(
     infeasible follow in queue order; where a key breaks that (objectives over 1e10 s, or
     arrivals far in the future) the whole queue is keyed and sorted instead. With
     ``backlog_tokens``, the feasible are split by ``moore_hodgson`` (``compiled``: its walk
-    compiled, the same split)."""
+    compiled, the same split), and with ``aim_s`` below the objective, under overload (a
+    request not excluded is infeasible, or the split defers one), the split of those
+    feasible within ``aim_s`` against that deadline goes first (see the module)."""
     n = len(waiting)
     count = n - len(excluded)
     if count <= 0:
@@ -125,6 +138,17 @@ def deadline_order(
             waiting, feasible, now_s, ttft_slo_s, step_s, prefill_tokens_per_step,
             backlog_tokens, compiled,
         )  # fmt: skip
+        overloaded = len(deferred) > 0 or len(feasible) < count
+        if aim_s is not None and aim_s < ttft_slo_s and overloaded:
+            within_aim = feasible[slack[slack >= 0] >= ttft_slo_s - aim_s]
+            first, _ = moore_hodgson(
+                waiting, within_aim, now_s, aim_s, step_s, prefill_tokens_per_step,
+                backlog_tokens, compiled,
+            )  # fmt: skip
+            taken = np.zeros(n, dtype=bool)
+            taken[first] = True
+            on_time = np.concatenate([first, on_time[~taken[on_time]]])
+            deferred = deferred[~taken[deferred]]
         yield from waiting.iter_at(on_time)
         yield from waiting.iter_at(deferred)
         skip[feasible] = True

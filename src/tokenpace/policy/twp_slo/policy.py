@@ -465,6 +465,7 @@ class TwpSloPolicy:
             return deadline_order(
                 state.waiting, state.now_s, cfg.ttft_slo_ms / 1000, cfg.itl_target_ms / 1000,
                 per_step, excluded, backlog if cfg.use_deferral else None, self._deferrals,
+                cfg.ttft_aim_s,
             )  # fmt: skip
         running = state.running
         mean_remaining = (
@@ -560,6 +561,7 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "twp_slo-no_balance_floor": {"use_balance_floor": False},
     "twp_slo-unbounded_forced": {"max_forced_share": 1.0},
     "twp_slo-no_tail_margin": {"use_tail_margin": False},
+    "twp_slo-no_ttft_aim": {"ttft_aim_fraction": 1.0},
 }
 # Opt-in changes, off in ``twp_slo`` itself: each variant switches one on.
 OPT_INS: dict[str, dict[str, Any]] = {
