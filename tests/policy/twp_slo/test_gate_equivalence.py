@@ -25,7 +25,10 @@ from tokenpace.engine.profile import EngineProfile, load_profile
 from tokenpace.metrics.slo import Slo
 from tokenpace.policy.twp_slo.config import TwpSloConfig
 from tokenpace.policy.twp_slo.deadline import DeferralLoop, compiled_deferrals, deadline_order
-from tokenpace.policy.twp_slo.policy import ABLATIONS, TwpSloPolicy
+from tokenpace.policy.twp_slo.policy import ABLATIONS, OPT_INS, TwpSloPolicy
+
+# The ablations and the opt-ins the reference carries out (not early rejection).
+VARIANTS = {**ABLATIONS, "twp_slo-ttft_aim": OPT_INS["twp_slo-ttft_aim"]}
 
 
 def reference_keys(
@@ -233,7 +236,7 @@ class ReferenceTwpSlo(TwpSloPolicy):
 @settings(max_examples=120, deadline=None)
 @given(
     steps=st.lists(snapshots(), min_size=1, max_size=3),
-    ablation=st.sampled_from(sorted(ABLATIONS)),
+    ablation=st.sampled_from(sorted(VARIANTS)),
     ttft_ms=st.sampled_from([500.0, 2000.0, 20_000.0, 1e12, 1e14]),
     max_wait_steps=st.sampled_from([100, 600]),
 )
@@ -241,7 +244,7 @@ def test_twp_slo_plans_like_the_full_sort(
     steps: list[Snapshot], ablation: str, ttft_ms: float, max_wait_steps: int
 ) -> None:
     profile = load_profile("v100-llama-3.2-3b")
-    switches: dict[str, Any] = ABLATIONS[ablation]
+    switches: dict[str, Any] = VARIANTS[ablation]
     cfg = replace(
         TwpSloConfig.from_profile(profile, Slo(ttft_ms, 100.0)),
         max_wait_steps=max_wait_steps,

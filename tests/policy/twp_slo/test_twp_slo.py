@@ -15,9 +15,10 @@ from tests.helpers import request, running, state
 from tokenpace.core.request import Request, RequestStatus
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.metrics.slo import Slo
+from tokenpace.policy import POLICIES
 from tokenpace.policy.twp_slo.config import TwpSloConfig
 from tokenpace.policy.twp_slo.deadline import deadline_keys, deadline_order
-from tokenpace.policy.twp_slo.policy import TwpSloPolicy
+from tokenpace.policy.twp_slo.policy import TTFT_AIM_FRACTION, TwpSloPolicy
 from tokenpace.policy.twp_slo.window import (
     RequestWindow,
     balanced_batch,
@@ -418,9 +419,14 @@ def test_the_ttft_aim_halves_the_wait_of_on_time_requests_under_overload(
     assert len(on_time[0.5]) >= 0.97 * len(on_time[1.0])
 
 
-def test_the_ttft_aim_is_a_fraction_of_the_objective(paper_profile: EngineProfile) -> None:
-    assert config(paper_profile).ttft_aim_s == pytest.approx(1.4)
-    assert config(paper_profile, ttft_aim_fraction=1.0).ttft_aim_s is None
+def test_the_ttft_aim_is_opt_in_and_a_fraction_of_the_objective(
+    paper_profile: EngineProfile,
+) -> None:
+    assert config(paper_profile).ttft_aim_s is None
+    assert config(paper_profile, ttft_aim_fraction=0.7).ttft_aim_s == pytest.approx(1.4)
+    variant = POLICIES.get("twp_slo-ttft_aim")(paper_profile, Slo(2000, 100))
+    assert isinstance(variant, TwpSloPolicy)
+    assert variant.config.ttft_aim_s == pytest.approx(2.0 * TTFT_AIM_FRACTION)
     for bad in (0.0, -0.5, 1.5):
         with pytest.raises(ValueError, match="ttft_aim_fraction"):
             config(paper_profile, ttft_aim_fraction=bad)
