@@ -132,7 +132,8 @@ def deadline_order(
         waiting.arrival_s[maybe], waiting.num_prompt_tokens[maybe], now_s, ttft_slo_s, step_s,
         prefill_tokens_per_step,
     )  # fmt: skip
-    feasible = maybe[slack >= 0]
+    on_objective = slack >= 0
+    feasible, feasible_slack = maybe[on_objective], slack[on_objective]
     if backlog_tokens is not None:
         on_time, deferred = moore_hodgson(
             waiting, feasible, now_s, ttft_slo_s, step_s, prefill_tokens_per_step,
@@ -140,7 +141,7 @@ def deadline_order(
         )  # fmt: skip
         overloaded = len(deferred) > 0 or len(feasible) < count
         if aim_s is not None and aim_s < ttft_slo_s and overloaded:
-            within_aim = feasible[slack[slack >= 0] >= ttft_slo_s - aim_s]
+            within_aim = feasible[feasible_slack >= ttft_slo_s - aim_s]
             first, _ = moore_hodgson(
                 waiting, within_aim, now_s, aim_s, step_s, prefill_tokens_per_step,
                 backlog_tokens, compiled,
@@ -154,7 +155,7 @@ def deadline_order(
         skip[feasible] = True
         yield from queue_order_except(waiting, skip)
         return
-    keys = _FEASIBLE_OFFSET - slack[slack >= 0] - waiting.max_tokens[feasible] * 1e-9
+    keys = _FEASIBLE_OFFSET - feasible_slack - waiting.max_tokens[feasible] * 1e-9
     if ttft_slo_s > _HUGE_OBJECTIVE_S or (len(keys) and float(keys.min()) <= 0):
         every = deadline_keys(waiting, now_s, ttft_slo_s, step_s, prefill_tokens_per_step)
         every[skip] = -np.inf
