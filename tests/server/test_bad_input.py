@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from tests.server.conftest import API_KEY, RunningServer
-from tests.server.helpers import MODEL
+from tests.server.helpers import MODEL, wait_until_idle
 
 pytestmark = pytest.mark.slow
 
@@ -20,7 +20,13 @@ CASES = [
     ("completions", {"model": MODEL, "prompt": "x", "max_tokens": 100000}, "max_tokens"),
     ("completions", {"model": MODEL, "prompt": "x", "temperature": "hot"}, "temperature"),
     ("completions", {"model": MODEL, "prompt": "x", "top_p": 0}, "top_p"),
-    ("completions", {"model": MODEL, "prompt": "x", "n": 2}, "n"),
+    ("completions", {"model": MODEL, "prompt": "x", "n": 0}, "n"),
+    ("completions", {"model": MODEL, "prompt": "x", "n": 129}, "n"),
+    ("completions", {"model": MODEL, "prompt": ["x", "y"], "n": 100}, "n"),
+    ("completions", {"model": MODEL, "prompt": ["x", ""]}, "prompt"),
+    ("completions", {"model": MODEL, "prompt": [[1, 2], []]}, "prompt"),
+    ("completions", {"model": MODEL, "prompt": [[1, 2], [10**9]]}, "prompt"),
+    ("completions", {"model": MODEL, "prompt": ["x"] * 129}, "prompt"),
     ("completions", {"model": MODEL, "prompt": "x", "stream": "yes"}, "stream"),
     ("completions", {"model": MODEL}, "prompt"),
     ("completions", {"model": MODEL, "prompt": ""}, "prompt"),
@@ -92,3 +98,20 @@ def test_full_admission_queue_is_429_with_retry_after(guarded_server: RunningSer
     rejected = next(r for r in responses if r.status_code == 429)
     assert int(rejected.headers["Retry-After"]) >= 1
     assert rejected.json()["error"]["type"] == "rate_limit_error"
+
+
+def test_a_request_whose_later_choice_is_refused_is_429_and_leaves_nothing_running(
+    guarded_server: RunningServer,
+) -> None:
+    """The guarded server queues one request: two choices cannot both be admitted, so the
+    whole request is refused and its first choice, already submitted, is aborted."""
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    url = f"{guarded_server.url}/v1/completions"
+    body = {"model": MODEL, "prompt": "Tell me a story", "max_tokens": 64, "temperature": 0}
+    refused = httpx.post(url, json={**body, "n": 2}, headers=headers, timeout=120)
+    assert refused.status_code == 429, refused.text
+    assert int(refused.headers["Retry-After"]) >= 1
+    idle = wait_until_idle(guarded_server.url)
+    assert not any(c["num_running"] or c["num_waiting"] for c in idle["containers"])
+    served = httpx.post(url, json={**body, "max_tokens": 4}, headers=headers, timeout=120)
+    assert served.status_code == 200, served.text

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import httpx
 import pytest
@@ -128,3 +129,109 @@ def test_32_concurrent_streams_all_complete(server: RunningServer) -> None:
     reasons = asyncio.run(run())
     assert all(r in ("stop", "length") for r in reasons)
     assert metric(server.url, "tokenpace:request_success_total") - before == 32
+
+
+def _complete(url: str, body: dict[str, object]) -> dict[str, Any]:
+    response = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    data: dict[str, Any] = response.json()
+    return data
+
+
+def test_a_batch_of_prompts_gets_one_choice_per_prompt_in_order(server: RunningServer) -> None:
+    prompts = ["The capital of France is", "Once upon a time", "1, 2, 3,"]
+    alone = [_complete(server.url, {**GREEDY, "prompt": p}) for p in prompts]
+    batch = _complete(server.url, {**GREEDY, "prompt": prompts, "echo": True})
+    assert [c["index"] for c in batch["choices"]] == [0, 1, 2]
+    for choice, prompt in zip(batch["choices"], prompts, strict=True):
+        assert choice["text"].startswith(prompt) and len(choice["text"]) > len(prompt)
+    assert batch["usage"]["prompt_tokens"] == sum(a["usage"]["prompt_tokens"] for a in alone)
+    # Token-id lists, as evaluation harnesses send them: each choice echoes its own ids.
+    ids = [
+        httpx.post(f"{server.url}/tokenize", json={"prompt": p}).json()["tokens"] for p in prompts
+    ]
+    by_ids = _complete(server.url, {**GREEDY, "prompt": ids, "echo": True})
+    for choice, prompt in zip(by_ids["choices"], prompts, strict=True):
+        assert choice["text"].startswith(prompt)
+    assert by_ids["usage"]["prompt_tokens"] == batch["usage"]["prompt_tokens"]
+
+
+def test_n_samples_per_prompt_are_indexed_prompt_times_n_plus_sample(
+    server: RunningServer,
+) -> None:
+    sampled = {"model": MODEL, "max_tokens": 6, "temperature": 1.0, "ignore_eos": True}
+    prompts = ["Hello", "The weather today"]
+    body = {**sampled, "prompt": prompts, "n": 2, "seed": 11, "echo": True}
+    both = _complete(server.url, body)
+    assert [c["index"] for c in both["choices"]] == [0, 1, 2, 3]
+    texts = [c["text"] for c in both["choices"]]
+    for index, text in enumerate(texts):
+        assert text.startswith(prompts[index // 2])
+    # Each sample draws from its own seed (seed + sample), reproducibly.
+    assert texts[0] != texts[1] or texts[2] != texts[3]
+    assert [c["text"] for c in _complete(server.url, body)["choices"]] == texts
+    prompt_tokens = sum(
+        _complete(server.url, {**GREEDY, "prompt": p, "max_tokens": 1})["usage"]["prompt_tokens"]
+        for p in prompts
+    )
+    assert both["usage"]["prompt_tokens"] == prompt_tokens  # once per prompt, not per sample
+    assert both["usage"]["completion_tokens"] == 4 * 6
+
+
+def test_streamed_choices_carry_their_index_and_equal_the_whole_response(
+    server: RunningServer,
+) -> None:
+    for path, extra, chat in (
+        ("completions", {"prompt": ["Once upon a time", "Hello"]}, False),
+        ("chat/completions", {"messages": [{"role": "user", "content": "Say hi"}]}, True),
+    ):
+        body = {**GREEDY, **extra, "n": 2}
+        whole = httpx.post(f"{server.url}/v1/{path}", json=body, timeout=120).json()
+        streamed = httpx.post(
+            f"{server.url}/v1/{path}",
+            json={**body, "stream": True, "stream_options": {"include_usage": True}},
+            timeout=120,
+        )
+        payloads = sse_payloads(streamed.text)
+        assert payloads[-1] == "[DONE]"
+        assert json.loads(payloads[-2])["usage"] == whole["usage"]
+        texts: dict[int, str] = {}
+        reasons: dict[int, str] = {}
+        for payload in payloads[:-2]:
+            for choice in json.loads(payload)["choices"]:
+                index = choice["index"]
+                delta = (choice["delta"].get("content") or "") if chat else choice["text"]
+                texts[index] = texts.get(index, "") + delta
+                if choice["finish_reason"]:
+                    reasons[index] = choice["finish_reason"]
+        expected = {
+            c["index"]: c["message"]["content"] if chat else c["text"] for c in whole["choices"]
+        }
+        assert len(expected) == (4 if not chat else 2)
+        assert texts == expected
+        assert reasons == {c["index"]: c["finish_reason"] for c in whole["choices"]}
+
+
+def test_an_evaluation_harness_loglikelihood_request_is_answered(server: RunningServer) -> None:
+    """The body lm-evaluation-harness's local-completions model sends to score a
+    continuation: token ids in a batch, echo, one logprob, one token."""
+    ids = httpx.post(f"{server.url}/tokenize", json={"prompt": "The sky is blue"}).json()["tokens"]
+    prompts = [ids, ids[:-1]]
+    body = {
+        "model": MODEL,
+        "prompt": prompts,
+        "temperature": 0,
+        "max_tokens": 1,
+        "logprobs": 1,
+        "seed": 1234,
+        "echo": True,
+    }
+    data = _complete(server.url, body)
+    for choice, prompt in zip(data["choices"], prompts, strict=True):
+        logprobs = choice["logprobs"]
+        assert len(logprobs["token_logprobs"]) == len(prompt) + 1
+        assert logprobs["token_logprobs"][0] is None
+        assert all(lp <= 0 for lp in logprobs["token_logprobs"][1:])
+    # The shorter prompt's scores are the longer one's, position by position.
+    short, long = (c["logprobs"]["token_logprobs"] for c in data["choices"][::-1])
+    assert long[1 : len(ids) - 1] == pytest.approx(short[1 : len(ids) - 1], abs=0.05)

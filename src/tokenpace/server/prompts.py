@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from tokenpace.server.errors import ApiError
-from tokenpace.server.schemas import ChatMessage
+from tokenpace.server.schemas import ChatMessage, PromptField
 
 
-def prompt_chars(prompt: str | list[str] | list[int]) -> int:
-    """Characters of a text prompt (0 for token ids)."""
+def prompt_chars(prompt: PromptField) -> int:
+    """Characters of a text prompt or a batch of them (0 for token ids)."""
     if isinstance(prompt, str):
         return len(prompt)
     return sum(len(p) for p in prompt if isinstance(p, str))
@@ -37,6 +37,15 @@ def completion_prompt_ids(
     if any(not 0 <= t < vocab for t in ids):
         raise ApiError(400, f"'prompt' token ids must be in [0, {vocab})", param="prompt")
     return ids
+
+
+def completion_prompts(tokenizer: Any, prompt: PromptField) -> list[list[int]]:
+    """Token ids of each prompt of a completions ``prompt``: one for a string or token ids,
+    one per element of a batch (strings or token-id lists). Raises ApiError(400) naming
+    ``prompt`` for token ids outside the vocabulary."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        return [completion_prompt_ids(tokenizer, one) for one in prompt]
+    return [completion_prompt_ids(tokenizer, cast(str | list[int], prompt))]
 
 
 def chat_prompt_ids(

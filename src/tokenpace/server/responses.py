@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,24 +51,41 @@ def finish_reason_name(reason: FinishReason, stopped_by_text: bool) -> str:
     return "abort"
 
 
+@dataclass(frozen=True, slots=True)
+class ChoiceResult:
+    """One finished choice of a non-streaming response."""
+
+    index: int
+    text: str
+    finish_reason: str
+    logprobs: dict[str, Any] | None = None
+
+
 def chunk(
     meta: ResponseMeta,
     text: str | None,
     finish_reason: str | None,
     logprobs: dict[str, Any] | None = None,
     with_usage: bool = False,
+    index: int = 0,
 ) -> dict[str, Any]:
-    """One stream chunk carrying ``text`` (chat: a content delta; None: the role delta)
-    and the ``logprobs`` of its tokens; ``with_usage`` adds ``"usage": null``."""
+    """One stream chunk of choice ``index`` carrying ``text`` (chat: a content delta; None:
+    the role delta) and the ``logprobs`` of its tokens; ``with_usage`` adds
+    ``"usage": null``."""
     choice: dict[str, Any]
     if meta.chat:
         delta: dict[str, Any] = {"role": "assistant", "content": ""} if text is None else {}
         if text:
             delta["content"] = text
-        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+        choice = {
+            "index": index,
+            "delta": delta,
+            "logprobs": logprobs,
+            "finish_reason": finish_reason,
+        }
     else:
         choice = {
-            "index": 0,
+            "index": index,
             "text": text or "",
             "logprobs": logprobs,
             "finish_reason": finish_reason,
@@ -97,25 +115,24 @@ def usage_chunk(meta: ResponseMeta, usage: Usage) -> dict[str, Any]:
 
 
 def full_response(
-    meta: ResponseMeta,
-    text: str,
-    finish_reason: str,
-    usage: Usage,
-    logprobs: dict[str, Any] | None = None,
+    meta: ResponseMeta, choices: Sequence[ChoiceResult], usage: Usage
 ) -> dict[str, Any]:
-    """A non-streaming completion or chat completion."""
-    choice: dict[str, Any]
-    if meta.chat:
-        message = {"role": "assistant", "content": text}
-        choice = {"index": 0, "message": message, "logprobs": logprobs}
-    else:
-        choice = {"index": 0, "text": text, "logprobs": logprobs}
-    choice["finish_reason"] = finish_reason
+    """A non-streaming completion or chat completion, its ``choices`` in index order."""
+    bodies: list[dict[str, Any]] = []
+    for result in sorted(choices, key=lambda c: c.index):
+        body: dict[str, Any]
+        if meta.chat:
+            message = {"role": "assistant", "content": result.text}
+            body = {"index": result.index, "message": message, "logprobs": result.logprobs}
+        else:
+            body = {"index": result.index, "text": result.text, "logprobs": result.logprobs}
+        body["finish_reason"] = result.finish_reason
+        bodies.append(body)
     return {
         "id": meta.response_id,
         "object": meta.object,
         "created": meta.created,
         "model": meta.model,
-        "choices": [choice],
+        "choices": bodies,
         "usage": usage.to_dict(),
     }

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import anyio
@@ -13,14 +13,20 @@ from sse_starlette import EventSourceResponse
 
 from tokenpace.core.sampling import SamplingParams
 from tokenpace.server.access import authorizer, check_model
+from tokenpace.server.choices import Choice
 from tokenpace.server.errors import ApiError, error_body
-from tokenpace.server.inflight import InFlight
+from tokenpace.server.events import Event
 from tokenpace.server.output import OutputBuilder, OutputSpec
-from tokenpace.server.prompts import chat_prompt_ids, completion_prompt_ids, prompt_chars
+from tokenpace.server.prompts import chat_prompt_ids, completion_prompts, prompt_chars
 from tokenpace.server.responses import ResponseMeta
-from tokenpace.server.schemas import ChatCompletionRequest, CompletionRequest, _SamplingFields
+from tokenpace.server.schemas import (
+    MAX_CHOICES,
+    ChatCompletionRequest,
+    CompletionRequest,
+    _SamplingFields,
+)
 from tokenpace.server.service import Service
-from tokenpace.server.streaming import ClientGone, collect_response, first_event, stream_events
+from tokenpace.server.streaming import ClientGone, collect_response, first_events, stream_events
 from tokenpace.server.tokenizer_routes import build_tokenizer_router
 
 
@@ -64,24 +70,61 @@ def build_router(service: Service, config: RouteConfig) -> APIRouter:
             prompt_logprobs=body.num_prompt_logprobs,
         )
 
-    def output_spec(body: _SamplingFields, chat: bool, echo: tuple[int, ...] | None) -> OutputSpec:
-        echo_text = ""
-        if echo is not None and isinstance(body, CompletionRequest):
-            prompt = body.prompt
-            if isinstance(prompt, str):
-                echo_text = prompt
-            elif isinstance(prompt[0], str):
-                echo_text = str(prompt[0])
-            else:
-                echo_text = service.tokenizer.decode(list(echo), skip_special_tokens=False)
+    def output_spec(
+        body: _SamplingFields, chat: bool, echo: tuple[int, ...] | None, echo_text: str = ""
+    ) -> OutputSpec:
         return OutputSpec(
             chat=chat,
             stop=body.stop_strings(),
             min_tokens=body.min_tokens,
             logprobs=body.num_logprobs is not None,
             echo_ids=echo,
-            echo_text=echo_text,
+            echo_text=echo_text if echo is not None else "",
         )
+
+    def echo_text(body: CompletionRequest, index: int, prompt_ids: list[int]) -> str:
+        """The text an echo repeats: the prompt string as sent, or its ids decoded."""
+        prompt = body.prompt
+        if isinstance(prompt, str):
+            return prompt
+        if isinstance(prompt[0], str):
+            return str(prompt[index])
+        return str(service.tokenizer.decode(prompt_ids, skip_special_tokens=False))
+
+    def submit_choices(
+        prompts: list[tuple[list[int], OutputSpec]],
+        n: int,
+        max_tokens: list[int],
+        sampling: SamplingParams,
+    ) -> list[Choice]:
+        """Submit ``n`` samples of each prompt, choice index ``prompt * n + sample``. A
+        seeded sample draws from seed + sample, as vLLM's parallel sampling does. When one
+        submission is refused, those already made are aborted and the error propagates."""
+        choices: list[Choice] = []
+        try:
+            for prompt_index, (prompt_ids, spec) in enumerate(prompts):
+                for sample in range(n):
+                    params = sampling
+                    if sampling.seed is not None:
+                        params = replace(sampling, seed=sampling.seed + sample)
+                    submission = service.submit(prompt_ids, max_tokens[prompt_index], params)
+                    output = OutputBuilder(service.tokenizer, spec)
+                    index = prompt_index * n + sample
+                    choices.append(Choice(index, submission, output, counts_prompt=sample == 0))
+        except BaseException:
+            for choice in choices:
+                service.abort(choice.submission)
+            raise
+        return choices
+
+    def check_num_choices(num_prompts: int, n: int) -> None:
+        if num_prompts * n > MAX_CHOICES:
+            raise ApiError(
+                400,
+                f"{num_prompts} prompts x 'n' = {n} asks for {num_prompts * n} choices; "
+                f"at most {MAX_CHOICES} are allowed",
+                param="n",
+            )
 
     def meta(prefix: str, request_id: int, chat: bool) -> ResponseMeta:
         created = int(config.unix_clock())
@@ -103,29 +146,44 @@ def build_router(service: Service, config: RouteConfig) -> APIRouter:
         body: CompletionRequest, http: Request
     ) -> JSONResponse | EventSourceResponse:
         check_model(body.model, config.model_name)
+        check_num_choices(body.num_prompts, body.n)
         service.check_prompt_chars(prompt_chars(body.prompt), "prompt")
-        prompt_ids = completion_prompt_ids(service.tokenizer, body.prompt)
-        max_tokens = service.check_lengths(len(prompt_ids), body.max_tokens or 16, "prompt")
-        sampling = sampling_of(body, max_tokens)
-        spec = output_spec(body, False, tuple(prompt_ids) if body.echo else None)
-        submission = service.submit(prompt_ids, max_tokens, sampling)
-        info = meta("cmpl", submission.request.request_id, chat=False)
-        return await _respond(service, config, submission, body, spec, info, http)
+        prompts = completion_prompts(service.tokenizer, body.prompt)
+        max_tokens = [
+            service.check_lengths(len(ids), body.max_tokens or 16, "prompt") for ids in prompts
+        ]
+        sampling = sampling_of(body, min(max_tokens))
+        specs = [
+            (
+                ids,
+                output_spec(
+                    body,
+                    False,
+                    tuple(ids) if body.echo else None,
+                    echo_text(body, i, ids) if body.echo else "",
+                ),
+            )
+            for i, ids in enumerate(prompts)
+        ]
+        choices = submit_choices(specs, body.n, max_tokens, sampling)
+        info = meta("cmpl", choices[0].submission.request.request_id, chat=False)
+        return await _respond(service, config, choices, body, info, http)
 
     @router.post("/chat/completions", response_model=None)
     async def chat_completions(
         body: ChatCompletionRequest, http: Request
     ) -> JSONResponse | EventSourceResponse:
         check_model(body.model, config.model_name)
+        check_num_choices(1, body.n)
         service.check_prompt_chars(sum(len(m.text()) for m in body.messages), "messages")
         prompt_ids = chat_prompt_ids(service.tokenizer, body.messages)
         requested = body.max_completion_tokens or body.max_tokens
         max_tokens = service.check_lengths(len(prompt_ids), requested, "messages")
         sampling = sampling_of(body, max_tokens)
         spec = output_spec(body, True, None)
-        submission = service.submit(prompt_ids, max_tokens, sampling)
-        info = meta("chatcmpl", submission.request.request_id, chat=True)
-        return await _respond(service, config, submission, body, spec, info, http)
+        choices = submit_choices([(prompt_ids, spec)], body.n, [max_tokens], sampling)
+        info = meta("chatcmpl", choices[0].submission.request.request_id, chat=True)
+        return await _respond(service, config, choices, body, info, http)
 
     return router
 
@@ -133,24 +191,21 @@ def build_router(service: Service, config: RouteConfig) -> APIRouter:
 async def _respond(
     service: Service,
     config: RouteConfig,
-    submission: InFlight,
+    choices: list[Choice],
     body: _SamplingFields,
-    spec: OutputSpec,
     info: ResponseMeta,
     http: Request,
 ) -> JSONResponse | EventSourceResponse:
-    output = OutputBuilder(service.tokenizer, spec)
     if body.stream:
-        first = None
+        first: list[Event] = []
         if service.rejects_early:
             try:
-                first = await first_event(
-                    submission, http, config.disconnect_poll_s, service.abort,
-                    service.retry_after_s,
-                )  # fmt: skip
+                first = await first_events(
+                    choices, http, config.disconnect_poll_s, service.abort, service.retry_after_s
+                )
             except ClientGone:
                 return JSONResponse(error_body(400, "client disconnected", None, None), 499)
-        stream = stream_events(submission, output, info, body.include_usage, service.abort, first)
+        stream = stream_events(choices, info, body.include_usage, service.abort, first)
         # On shutdown the drain aborts what is still running, so every stream ends with its
         # last chunk and [DONE]; sse-starlette must not cut streams before that. No
         # keep-alive pings: OpenAI's and vLLM's streams carry data events only.
@@ -163,9 +218,8 @@ async def _respond(
             shutdown_grace_period=config.stream_shutdown_grace_s,
         )
     return await collect_response(
-        submission, output, info, http, config.disconnect_poll_s, service.abort,
-        service.retry_after_s,
-    )  # fmt: skip
+        choices, info, http, config.disconnect_poll_s, service.abort, service.retry_after_s
+    )
 
 
 def attach(app: FastAPI, service: Service, config: RouteConfig) -> None:

@@ -22,8 +22,11 @@ from pydantic import (
 _STRICT = ConfigDict(strict=True, extra="forbid")
 MAX_STOP_STRINGS = 4
 MAX_LOGPROBS = 20  # as vLLM's default max_logprobs
+# Sequences one response may carry (prompts x n): OpenAI's bound on n.
+MAX_CHOICES = 128
 
 _NoPenalty = Annotated[float, Field(ge=0.0, le=0.0)]
+PromptField = str | list[str] | list[int] | list[list[int]]
 
 
 class StreamOptions(BaseModel):
@@ -46,7 +49,7 @@ class _SamplingFields(BaseModel):
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
     stop: StrictStr | list[StrictStr] | None = None
     seed: int | None = None
-    n: Literal[1] = 1
+    n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] = 1
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     ignore_eos: StrictBool = False
@@ -91,26 +94,40 @@ class _SamplingFields(BaseModel):
 
 
 class CompletionRequest(_SamplingFields):
-    """``POST /v1/completions``: ``prompt`` is a string, a list of one string, or a list of
-    token ids. ``max_tokens`` defaults to 16, as OpenAI's. ``logprobs``: how many most
-    likely alternatives to report per token (0: the chosen token's alone); ``echo``: the
-    prompt precedes the output (with its logprobs when ``logprobs`` is set)."""
+    """``POST /v1/completions``: ``prompt`` is a string, a list of token ids, or a batch:
+    a list of strings or of token-id lists (as evaluation harnesses send them). Each prompt
+    gets ``n`` choices, indexed ``prompt_index * n + sample``, as OpenAI and vLLM number
+    them. ``max_tokens`` defaults to 16, as OpenAI's. ``logprobs``: how many most likely
+    alternatives to report per token (0: the chosen token's alone); ``echo``: the prompt
+    precedes the output (with its logprobs when ``logprobs`` is set)."""
 
-    prompt: StrictStr | list[StrictStr] | list[int]
+    prompt: StrictStr | list[StrictStr] | list[int] | list[list[int]]
     logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     echo: StrictBool = False
 
     @field_validator("prompt")
     @classmethod
-    def _check_prompt(cls, value: str | list[str] | list[int]) -> str | list[str] | list[int]:
-        if isinstance(value, list):
+    def _check_prompt(cls, value: PromptField) -> PromptField:
+        if isinstance(value, str):
             if not value:
                 raise ValueError("prompt must not be empty")
-            if isinstance(value[0], str) and len(value) != 1:
-                raise ValueError("only one prompt per request is supported")
-        if value == "" or value == [""]:
+            return value
+        if not value:
             raise ValueError("prompt must not be empty")
+        if isinstance(value[0], (str, list)):
+            if any(not p for p in value):
+                raise ValueError("no prompt in the batch may be empty")
+            if len(value) > MAX_CHOICES:
+                raise ValueError(f"at most {MAX_CHOICES} prompts are allowed in one request")
         return value
+
+    @property
+    def num_prompts(self) -> int:
+        """Prompts in the request (a batch's length; 1 for a string or token ids)."""
+        prompt = self.prompt
+        if isinstance(prompt, list) and isinstance(prompt[0], (str, list)):
+            return len(prompt)
+        return 1
 
     @property
     def num_logprobs(self) -> int | None:

@@ -1,4 +1,4 @@
-"""Delivering one request's events to its client: a server-sent event stream or one body.
+"""Delivering a response's events to its client: a server-sent event stream or one body.
 
 Stream events are written as ``data: <json>\\n\\n``, exactly as OpenAI's API and vLLM's
 server write them (no ``\\r``, no keep-alive comments), and the stream ends with
@@ -11,18 +11,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from tokenpace.core.request import FinishReason
+from tokenpace.server.choices import Choice, ChoiceEvents
 from tokenpace.server.errors import ApiError, error_body, error_response
 from tokenpace.server.events import Event, FinishEvent, PromptLogprobsEvent, TokenEvent
 from tokenpace.server.inflight import InFlight
-from tokenpace.server.output import OutputBuilder, Piece
+from tokenpace.server.output import Piece
 from tokenpace.server.responses import (
+    ChoiceResult,
     ResponseMeta,
     Usage,
     chunk,
@@ -74,6 +76,31 @@ async def first_event(
     return event
 
 
+async def first_events(
+    choices: Sequence[Choice],
+    http: Request,
+    disconnect_poll_s: float,
+    abort: Callable[[InFlight], None],
+    retry_after_s: int,
+) -> list[Event]:
+    """Every choice's first event (``first_event``), in choice order. When one is rejected
+    or the client leaves, the choices not yet rejected are aborted before the error
+    propagates, so none keeps running for nobody."""
+    firsts: list[Event] = []
+    try:
+        for choice in choices:
+            firsts.append(
+                await first_event(choice.submission, http, disconnect_poll_s, abort, retry_after_s)
+            )
+    except BaseException:
+        for choice in choices[: len(firsts)]:
+            abort(choice.submission)
+        for choice in choices[len(firsts) + 1 :]:
+            abort(choice.submission)
+        raise
+    return firsts
+
+
 async def _next_event(submission: InFlight, http: Request, poll_s: float) -> Event | None:
     """The request's next event, checking every ``poll_s`` seconds that the client is
     still there; None when it left."""
@@ -89,99 +116,116 @@ class ClientGone(Exception):
     """The client disconnected before its request produced anything."""
 
 
+def _prompt_tokens(choice: Choice, event: FinishEvent) -> int:
+    return event.num_prompt_tokens if choice.counts_prompt else 0
+
+
 async def stream_events(
-    submission: InFlight,
-    output: OutputBuilder,
+    choices: Sequence[Choice],
     meta: ResponseMeta,
     include_usage: bool,
     abort: Callable[[InFlight], None],
-    first: Event | None = None,
+    first: Sequence[Event] = (),
 ) -> AsyncIterator[bytes]:
-    """Server-sent events until ``[DONE]``. With ``include_usage`` every chunk carries
-    ``"usage": null`` and a last chunk with empty ``choices`` carries the usage, as OpenAI
-    sends them. ``first``: the request's first event when the caller already took it from
-    the queue (``first_event``)."""
-    finished = False
-    usage_field = include_usage
-    pending = [first] if first is not None else []
+    """Server-sent events of every choice, each chunk tagged with its choice's index, until
+    ``[DONE]`` after the last choice has finished. With ``include_usage`` every chunk
+    carries ``"usage": null`` and a last chunk with empty ``choices`` carries the usage
+    summed over the choices, as OpenAI sends them. ``first``: the choices' first events
+    when the caller already took them from their queues (``first_events``). A failed
+    choice ends the stream with an error event, and the others are aborted."""
+    events = ChoiceEvents(choices, first)
+    usage = Usage(0, 0)
+    echoed: set[int] = set()
 
-    def piece_chunk(piece: Piece, reason: str | None) -> bytes:
-        body = chunk(meta, piece.text, reason, piece.logprobs, usage_field)
+    def piece_chunk(choice: Choice, piece: Piece, reason: str | None) -> bytes:
+        body = chunk(meta, piece.text, reason, piece.logprobs, include_usage, choice.index)
         return sse_event(body)
 
     try:
         if meta.chat:
-            yield sse_event(chunk(meta, None, None, None, usage_field))
-        echoed = False
-        while True:
-            event = pending.pop() if pending else await submission.handle.queue.get()
+            for choice in choices:
+                yield sse_event(chunk(meta, None, None, None, include_usage, choice.index))
+        while events.open:
+            got = await events.next()
+            assert got is not None  # no timeout
+            choice, event = got
+            output = choice.output
             if isinstance(event, PromptLogprobsEvent):
                 output.prompt_logprobs(event)
                 continue
-            if not echoed:
-                echoed = True
+            if choice.index not in echoed:
+                echoed.add(choice.index)
                 echo = output.echo()
                 if echo is not None:
-                    yield piece_chunk(echo, None)
+                    yield piece_chunk(choice, echo, None)
             if isinstance(event, TokenEvent):
                 piece = output.push(event)
                 if piece is not None:
-                    yield piece_chunk(piece, None)
+                    yield piece_chunk(choice, piece, None)
                 continue
-            finished = True
             if event.reason is None:
                 message = event.error or "the request failed"
                 yield sse_event(error_body(500, message, None, "engine_error"))
-            else:
-                reason = finish_reason_name(event.reason, output.text.stopped)
-                yield piece_chunk(output.finish(), reason)
-                if include_usage:
-                    usage = Usage(event.num_prompt_tokens, event.num_output_tokens)
-                    yield sse_event(usage_chunk(meta, usage))
-            yield DONE
-            return
+                yield DONE
+                return
+            reason = finish_reason_name(event.reason, output.text.stopped)
+            yield piece_chunk(choice, output.finish(), reason)
+            usage = Usage(
+                usage.prompt_tokens + _prompt_tokens(choice, event),
+                usage.completion_tokens + event.num_output_tokens,
+            )
+        if include_usage:
+            yield sse_event(usage_chunk(meta, usage))
+        yield DONE
     finally:
-        if not finished:
-            abort(submission)
+        events.close()
+        for choice in events.unfinished():
+            abort(choice.submission)
 
 
 async def collect_response(
-    submission: InFlight,
-    output: OutputBuilder,
+    choices: Sequence[Choice],
     meta: ResponseMeta,
     http: Request,
     disconnect_poll_s: float,
     abort: Callable[[InFlight], None],
     retry_after_s: int = 1,
 ) -> JSONResponse:
-    """Wait for the whole output, checking every ``disconnect_poll_s`` seconds that the
-    client is still there (a gone client aborts the request). A request the policy rejected
-    is answered 429 with ``Retry-After: retry_after_s``."""
-    finished = False
+    """Wait for every choice's whole output, checking every ``disconnect_poll_s`` seconds
+    that the client is still there (a gone client aborts them all). A choice the policy
+    rejected answers the request 429 with ``Retry-After: retry_after_s``, a failed one 500;
+    the other choices are then aborted."""
+    events = ChoiceEvents(choices)
+    results: list[ChoiceResult] = []
+    usage = Usage(0, 0)
     try:
-        while True:
-            event = await _next_event(submission, http, disconnect_poll_s)
-            if event is None:
-                return JSONResponse(error_body(400, "client disconnected", None, None), 499)
+        while events.open:
+            got = await events.next(disconnect_poll_s)
+            if got is None:
+                if await http.is_disconnected():
+                    return JSONResponse(error_body(400, "client disconnected", None, None), 499)
+                continue
+            choice, event = got
+            output = choice.output
             if isinstance(event, PromptLogprobsEvent):
                 output.prompt_logprobs(event)
             elif isinstance(event, TokenEvent):
                 output.push(event)
+            elif event.reason is FinishReason.REJECT:
+                return error_response(rejection_error(event, retry_after_s))
+            elif event.reason is None:
+                message = event.error or "the request failed"
+                return JSONResponse(error_body(500, message, None, "engine_error"), 500)
             else:
-                finished = True
-                if event.reason is FinishReason.REJECT:
-                    return error_response(rejection_error(event, retry_after_s))
-                return _final(output, meta, event)
+                whole = output.whole()
+                reason = finish_reason_name(event.reason, output.text.stopped)
+                results.append(ChoiceResult(choice.index, whole.text, reason, whole.logprobs))
+                usage = Usage(
+                    usage.prompt_tokens + _prompt_tokens(choice, event),
+                    usage.completion_tokens + event.num_output_tokens,
+                )
+        return JSONResponse(full_response(meta, results, usage))
     finally:
-        if not finished:
-            abort(submission)
-
-
-def _final(output: OutputBuilder, meta: ResponseMeta, event: FinishEvent) -> JSONResponse:
-    if event.reason is None:
-        message = event.error or "the request failed"
-        return JSONResponse(error_body(500, message, None, "engine_error"), status_code=500)
-    whole = output.whole()
-    reason = finish_reason_name(event.reason, output.text.stopped)
-    usage = Usage(event.num_prompt_tokens, event.num_output_tokens)
-    return JSONResponse(full_response(meta, whole.text, reason, usage, whole.logprobs))
+        events.close()
+        for choice in events.unfinished():
+            abort(choice.submission)
