@@ -2,8 +2,8 @@
 
 Each container's engine is a worker process loading the embedded model from its cached
 checkpoint tier, as in production. Two session servers: ``server`` with default bounds
-(``--dtype auto``, the default, measured at start), ``guarded_server`` with an API key and
-an admission queue of one request.
+(``--dtype auto``, the default, measured at start), ``guarded_server`` with an API key, an
+admission queue of one request and ``/tokenizer_info``.
 """
 
 from __future__ import annotations
@@ -151,7 +151,11 @@ def server() -> Iterator[RunningServer]:
 @pytest.fixture(scope="session")
 def guarded_server(native_profile: str) -> Iterator[RunningServer]:
     running = start_server(
-        api_key=API_KEY, max_queued_requests=1, scheduler="fcfs", profile=native_profile
+        api_key=API_KEY,
+        max_queued_requests=1,
+        scheduler="fcfs",
+        profile=native_profile,
+        enable_tokenizer_info_endpoint=True,
     )
     yield running
     running.stop()

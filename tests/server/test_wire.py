@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from tests.server.conftest import RunningServer
+from tests.server.conftest import API_KEY, RunningServer
 from tests.server.helpers import MODEL
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Say hi"}], "temperature": 0}
@@ -118,6 +118,35 @@ def test_tokenize_bad_input(server: RunningServer) -> None:
 
 def test_version(server: RunningServer) -> None:
     assert httpx.get(f"{server.url}/version").json()["version"]
+
+
+def test_tokenizer_info_is_opt_in_guarded_and_enough_to_tokenize_chats(
+    server: RunningServer, guarded_server: RunningServer
+) -> None:
+    """As in vLLM, ``/tokenizer_info`` answers only with --enable-tokenizer-info-endpoint;
+    what it answers renders a chat to the ids the server runs (lm-evaluation-harness's
+    remote tokenizer renders the template itself and tokenizes through ``/tokenize``)."""
+    from jinja2 import Environment
+
+    assert httpx.get(f"{server.url}/tokenizer_info").status_code == 404
+    url = f"{guarded_server.url}/tokenizer_info"
+    assert httpx.get(url).status_code == 401
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    info = httpx.get(url, headers=headers).json()
+    assert info["tokenizer_class"] and isinstance(info["eos_token"], str)
+    assert not {"vocab_file", "merges_file", "tokenizer_file"} & set(info)
+    template = Environment(trim_blocks=True, lstrip_blocks=True).from_string(info["chat_template"])
+    rendered = template.render(messages=CHAT["messages"], add_generation_prompt=True)
+    tokenize = f"{guarded_server.url}/tokenize"
+    by_text = httpx.post(
+        tokenize, json={"prompt": rendered, "add_special_tokens": False}, headers=headers
+    ).json()
+    by_server = httpx.post(tokenize, json={"messages": CHAT["messages"]}, headers=headers).json()
+    assert by_text["tokens"] == by_server["tokens"]
+    eos = httpx.post(
+        tokenize, json={"prompt": info["eos_token"], "add_special_tokens": False}, headers=headers
+    ).json()
+    assert eos["count"] == 1
 
 
 def test_min_tokens_holds_off_eos(server: RunningServer) -> None:

@@ -206,6 +206,7 @@ def build_server(
         unix_clock=unix_clock,
         stream_shutdown_grace_s=options.shutdown_timeout_s + ABORT_GRACE_S + 1.0,
         max_request_bytes=options.max_request_bytes,
+        tokenizer_info=options.enable_tokenizer_info_endpoint,
     )
     app = build_app(service, route_config, options.shutdown_timeout_s)
     return Server(app, service, pool, metrics, options)

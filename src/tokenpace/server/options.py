@@ -142,6 +142,12 @@ class ServeOptions:
     max_request_bytes: int = option(
         4 * 2**20, "Request bodies larger than this (bytes) are refused with a 413."
     )
+    enable_tokenizer_info_endpoint: bool = option(
+        False,
+        "Serve GET /tokenizer_info (the tokenizer's configuration and chat template), as "
+        "vLLM's flag of the same name does; evaluation harnesses read it to tokenize "
+        "through the server. Off by default: it exposes the chat template.",
+    )
     api_key: str | None = option(
         None, "Bearer token every /v1 request must carry (default: none, the API is open)."
     )

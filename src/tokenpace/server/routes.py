@@ -34,7 +34,8 @@ from tokenpace.server.tokenizer_routes import build_tokenizer_router
 class RouteConfig:
     """HTTP-side settings. ``unix_clock`` stamps ``created`` (Unix seconds);
     ``stream_shutdown_grace_s``: how long open streams may run once shutdown begins (the
-    drain ends them before that); ``max_request_bytes``: larger bodies get a 413."""
+    drain ends them before that); ``max_request_bytes``: larger bodies get a 413;
+    ``tokenizer_info``: serve ``GET /tokenizer_info``."""
 
     model_name: str
     api_key: str | None
@@ -42,6 +43,7 @@ class RouteConfig:
     unix_clock: Callable[[], float]
     stream_shutdown_grace_s: float = 30.0
     max_request_bytes: int = 4 * 2**20
+    tokenizer_info: bool = False
 
 
 def build_router(service: Service, config: RouteConfig) -> APIRouter:
@@ -225,4 +227,6 @@ async def _respond(
 def attach(app: FastAPI, service: Service, config: RouteConfig) -> None:
     """Mount the /v1 routes and the tokenizer routes on ``app``."""
     app.include_router(build_router(service, config))
-    app.include_router(build_tokenizer_router(service, config.model_name, config.api_key))
+    app.include_router(
+        build_tokenizer_router(service, config.model_name, config.api_key, config.tokenizer_info)
+    )

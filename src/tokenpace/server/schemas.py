@@ -36,13 +36,14 @@ class StreamOptions(BaseModel):
 
 
 class _SamplingFields(BaseModel):
-    """Fields shared by completions and chat completions. ``ignore_eos`` and
-    ``min_tokens`` are vLLM's extensions that benchmark clients send; ``user`` is an
-    end-user id for the operator's logs and changes nothing in the output."""
+    """Fields shared by completions and chat completions. ``model`` may be left out (the
+    served model), as vLLM's server allows. ``ignore_eos`` and ``min_tokens`` are vLLM's
+    extensions that benchmark clients send; ``user`` is an end-user id for the operator's
+    logs and changes nothing in the output."""
 
     model_config = _STRICT
 
-    model: StrictStr
+    model: StrictStr | None = None
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     min_tokens: Annotated[int, Field(ge=0)] = 0
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 1.0

@@ -6,7 +6,10 @@ chat ``messages`` (rendered by the chat template; ``add_generation_prompt`` defa
 true, ``add_special_tokens`` to false, as vLLM's) and answers ``{"count",
 "max_model_len", "tokens", "token_strs"}``;
 ``/detokenize`` takes ``tokens`` and answers ``{"prompt"}``. ``model`` is optional; when
-given it must be the served model. The API key, when set, guards them as it guards /v1.
+given it must be the served model. ``GET /tokenizer_info`` (opt-in, as in vLLM) answers
+the tokenizer's configuration (its constructor arguments, file paths left out, special
+tokens as their text), ``tokenizer_class`` and ``chat_template``, which evaluation harnesses
+read to tokenize through the server. The API key, when set, guards them as it guards /v1.
 """
 
 from __future__ import annotations
@@ -46,8 +49,43 @@ class DetokenizeRequest(BaseModel):
     tokens: list[int]
 
 
-def build_tokenizer_router(service: Service, model_name: str, api_key: str | None) -> APIRouter:
-    """The tokenizer routes bound to ``service``'s tokenizer."""
+def tokenizer_info(tokenizer: Any) -> dict[str, Any]:
+    """What ``GET /tokenizer_info`` answers for ``tokenizer`` (a transformers tokenizer)."""
+    config = {
+        key: _json_ready(value)
+        for key, value in (getattr(tokenizer, "init_kwargs", None) or {}).items()
+        if key not in _FILE_FIELDS
+    }
+    config["tokenizer_class"] = type(tokenizer).__name__
+    template = getattr(tokenizer, "chat_template", None)
+    if template:
+        config["chat_template"] = template
+    return config
+
+
+# Constructor arguments that name files on the server's disk.
+_FILE_FIELDS = frozenset({"vocab_file", "merges_file", "tokenizer_file", "name_or_path"})
+
+
+def _json_ready(value: Any) -> Any:
+    """``value`` with special tokens as their text and containers converted throughout;
+    anything else JSON cannot carry as its ``str``."""
+    if hasattr(value, "content") and isinstance(value.content, str):
+        return value.content
+    if isinstance(value, dict):
+        return {str(k): _json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_ready(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)
+
+
+def build_tokenizer_router(
+    service: Service, model_name: str, api_key: str | None, with_info: bool = False
+) -> APIRouter:
+    """The tokenizer routes bound to ``service``'s tokenizer; ``with_info`` adds
+    ``GET /tokenizer_info``."""
     router = APIRouter()
     guarded = [Depends(authorizer(api_key))]
 
@@ -81,6 +119,12 @@ def build_tokenizer_router(service: Service, model_name: str, api_key: str | Non
         if any(not 0 <= t < vocab for t in body.tokens):
             raise ApiError(400, f"'tokens' must be in [0, {vocab})", param="tokens")
         return {"prompt": service.tokenizer.decode(body.tokens)}
+
+    if with_info:
+
+        @router.get("/tokenizer_info", dependencies=guarded)
+        async def get_tokenizer_info() -> dict[str, Any]:
+            return tokenizer_info(service.tokenizer)
 
     @router.get("/version")
     async def version() -> dict[str, str]:
