@@ -85,3 +85,28 @@ def test_logprobs_and_echo_match_a_forward_pass(vllm_server: RunningServer) -> N
     assert lp["tokens"][len(ids)] == reference.text(int(first.argmax()))
     assert close(lp["token_logprobs"][len(ids)], float(first.max()), dtype)
     assert len(lp["tokens"]) == len(ids) + 3
+
+
+def test_a_batch_with_several_samples_each_through_vllm(vllm_server: RunningServer) -> None:
+    """Each choice is a vLLM request of its own, numbered prompt * n + sample; seeded
+    samples draw from seed + sample, so two samples of one prompt differ."""
+    prompts = ["Once upon a time", "The weather today"]
+    body = {
+        "model": MODEL,
+        "prompt": prompts,
+        "n": 2,
+        "max_tokens": 6,
+        "temperature": 1.0,
+        "seed": 5,
+        "ignore_eos": True,
+        "echo": True,
+    }
+    response = httpx.post(f"{vllm_server.url}/v1/completions", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    data = response.json()
+    choices = data["choices"]
+    assert [c["index"] for c in choices] == [0, 1, 2, 3]
+    for choice in choices:
+        assert choice["text"].startswith(prompts[choice["index"] // 2])
+    assert choices[0]["text"] != choices[1]["text"] or choices[2]["text"] != choices[3]["text"]
+    assert data["usage"]["completion_tokens"] == 4 * 6
