@@ -215,3 +215,18 @@ def test_prompt_too_long_for_any_tokenization_is_refused_untokenized(server: Run
     assert response.status_code == 400 and response.json()["error"]["param"] == "prompt"
     # Tokenizing two million characters takes seconds; the bound answers at once.
     assert time.perf_counter() - start < 4.0
+
+
+def test_each_prompt_of_a_batch_is_held_to_the_character_bound_alone(
+    server: RunningServer,
+) -> None:
+    """Two prompts each under the untokenized bound, together over it: the bound passes
+    them (each is a request of its own), and the context refuses them on their tokens."""
+    limits = server.server.service.limits  # type: ignore[attr-defined]
+    chars = int(0.6 * limits.context_tokens * limits.max_token_chars)
+    body = {"model": MODEL, "prompt": ["a " * (chars // 2)] * 2, "max_tokens": 1}
+    response = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == "prompt" and "tokens" in error["message"]
+    assert "characters" not in error["message"]

@@ -9,11 +9,12 @@ from tokenpace.server.errors import ApiError
 from tokenpace.server.schemas import ChatMessage, PromptField
 
 
-def prompt_chars(prompt: PromptField) -> int:
-    """Characters of a text prompt or a batch of them (0 for token ids)."""
+def longest_prompt_chars(prompt: PromptField) -> int:
+    """Characters of a text prompt, or of the longest text prompt of a batch (0 for token
+    ids): each prompt of a batch is a request of its own, held to the context alone."""
     if isinstance(prompt, str):
         return len(prompt)
-    return sum(len(p) for p in prompt if isinstance(p, str))
+    return max((len(p) for p in prompt if isinstance(p, str)), default=0)
 
 
 def max_token_chars(tokenizer: Any) -> int:

@@ -17,7 +17,7 @@ from tokenpace.server.choices import Choice
 from tokenpace.server.errors import ApiError, error_body
 from tokenpace.server.events import Event
 from tokenpace.server.output import OutputBuilder, OutputSpec
-from tokenpace.server.prompts import chat_prompt_ids, completion_prompts, prompt_chars
+from tokenpace.server.prompts import chat_prompt_ids, completion_prompts, longest_prompt_chars
 from tokenpace.server.responses import ResponseMeta
 from tokenpace.server.schemas import (
     MAX_CHOICES,
@@ -149,7 +149,7 @@ def build_router(service: Service, config: RouteConfig) -> APIRouter:
     ) -> JSONResponse | EventSourceResponse:
         check_model(body.model, config.model_name)
         check_num_choices(body.num_prompts, body.n)
-        service.check_prompt_chars(prompt_chars(body.prompt), "prompt")
+        service.check_prompt_chars(longest_prompt_chars(body.prompt), "prompt")
         prompts = completion_prompts(service.tokenizer, body.prompt)
         max_tokens = [
             service.check_lengths(len(ids), body.max_tokens or 16, "prompt") for ids in prompts

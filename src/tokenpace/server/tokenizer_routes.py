@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 from tokenpace import __version__
 from tokenpace.server.access import authorizer, check_model
 from tokenpace.server.errors import ApiError
-from tokenpace.server.prompts import chat_prompt_ids, completion_prompt_ids, prompt_chars
+from tokenpace.server.prompts import chat_prompt_ids, completion_prompt_ids, longest_prompt_chars
 from tokenpace.server.schemas import ChatMessage
 from tokenpace.server.service import Service
 
@@ -101,7 +101,7 @@ def build_tokenizer_router(
             ids = chat_prompt_ids(tokenizer, body.messages, body.add_generation_prompt, special)
         else:
             assert body.prompt is not None
-            service.check_prompt_chars(prompt_chars(body.prompt), "prompt")
+            service.check_prompt_chars(longest_prompt_chars(body.prompt), "prompt")
             special = True if body.add_special_tokens is None else body.add_special_tokens
             ids = completion_prompt_ids(tokenizer, body.prompt, special)
         strs = tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
