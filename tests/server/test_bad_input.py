@@ -20,6 +20,8 @@ CASES = [
     ("completions", {"model": MODEL, "prompt": "x", "max_tokens": 100000}, "max_tokens"),
     ("completions", {"model": MODEL, "prompt": "x", "temperature": "hot"}, "temperature"),
     ("completions", {"model": MODEL, "prompt": "x", "top_p": 0}, "top_p"),
+    ("completions", {"model": MODEL, "prompt": "x", "top_k": -2}, "top_k"),
+    ("completions", {"model": MODEL, "prompt": "x", "min_p": 1.5}, "min_p"),
     ("completions", {"model": MODEL, "prompt": "x", "n": 0}, "n"),
     ("completions", {"model": MODEL, "prompt": "x", "n": 129}, "n"),
     ("completions", {"model": MODEL, "prompt": ["x", "y"], "n": 100}, "n"),

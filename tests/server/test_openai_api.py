@@ -80,6 +80,18 @@ def test_seeded_sampling_is_reproducible(server: RunningServer) -> None:
     assert first["choices"][0]["text"] == second["choices"][0]["text"]
 
 
+def test_top_k_of_one_is_greedy_and_min_p_is_accepted(server: RunningServer) -> None:
+    """vLLM's sampling extensions: top_k 1 leaves the most likely token alone, whatever the
+    temperature; a min_p of 1 likewise (nothing but the most likely is within it)."""
+    body = {**GREEDY, "prompt": "The capital of France is", "max_tokens": 6}
+    greedy = _complete(server.url, body)["choices"][0]["text"]
+    for extra in ({"top_k": 1}, {"min_p": 1.0}):
+        sampled = {**body, "temperature": 1.5, "seed": 9, **extra}
+        assert _complete(server.url, sampled)["choices"][0]["text"] == greedy
+    loose = {**body, "temperature": 1.0, "seed": 9, "top_k": -1, "min_p": 0.05, "top_p": 0.9}
+    assert _complete(server.url, loose)["choices"][0]["text"]
+
+
 def test_openai_client_chat_and_completions(server: RunningServer) -> None:
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)

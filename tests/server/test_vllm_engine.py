@@ -110,3 +110,13 @@ def test_a_batch_with_several_samples_each_through_vllm(vllm_server: RunningServ
         assert choice["text"].startswith(prompts[choice["index"] // 2])
     assert choices[0]["text"] != choices[1]["text"] or choices[2]["text"] != choices[3]["text"]
     assert data["usage"]["completion_tokens"] == 4 * 6
+
+
+def test_top_k_of_one_through_vllm_is_greedy(vllm_server: RunningServer) -> None:
+    url = f"{vllm_server.url}/v1/completions"
+    body = {"model": MODEL, "prompt": "The capital of France is", "max_tokens": 6}
+    greedy = httpx.post(url, json={**body, "temperature": 0}, timeout=120).json()
+    sampled = httpx.post(
+        url, json={**body, "temperature": 1.5, "seed": 9, "top_k": 1, "min_p": 0.5}, timeout=120
+    ).json()
+    assert sampled["choices"][0]["text"] == greedy["choices"][0]["text"]

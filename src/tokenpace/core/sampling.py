@@ -19,10 +19,15 @@ class SamplingParams:
     ``min_tokens``: output tokens before EOS or a stop string may end generation (EOS is
     not sampled before). ``logprobs``: report each output token's log-probability under the
     model's raw distribution and this many most likely alternatives (None: none);
-    ``prompt_logprobs``: the same for every prompt token after the first."""
+    ``prompt_logprobs``: the same for every prompt token after the first. ``top_k`` (0: all
+    tokens) and ``min_p`` (0: off; tokens less likely than ``min_p`` times the most likely
+    one are dropped) cut the tempered distribution before ``top_p``, in vLLM's order
+    (temperature, min-p, top-k, top-p)."""
 
     temperature: float = 0.0
     top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
@@ -36,6 +41,10 @@ class SamplingParams:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0: all tokens), got {self.top_k}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if self.first_output_index < 0:
             raise ValueError(f"first_output_index must be >= 0, got {self.first_output_index}")
         if self.min_tokens < 0:

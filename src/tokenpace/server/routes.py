@@ -64,6 +64,8 @@ def build_router(service: Service, config: RouteConfig) -> APIRouter:
         return SamplingParams(
             temperature=body.temperature,
             top_p=body.top_p,
+            top_k=max(0, body.top_k),
+            min_p=body.min_p,
             seed=body.seed,
             stop=body.stop_strings(),
             ignore_eos=body.ignore_eos,

@@ -37,9 +37,9 @@ class StreamOptions(BaseModel):
 
 class _SamplingFields(BaseModel):
     """Fields shared by completions and chat completions. ``model`` may be left out (the
-    served model), as vLLM's server allows. ``ignore_eos`` and ``min_tokens`` are vLLM's
-    extensions that benchmark clients send; ``user`` is an end-user id for the operator's
-    logs and changes nothing in the output."""
+    served model), as vLLM's server allows. ``ignore_eos``, ``min_tokens``, ``top_k`` (0 or
+    -1: all tokens) and ``min_p`` are vLLM's extensions that benchmark clients send;
+    ``user`` is an end-user id for the operator's logs and changes nothing in the output."""
 
     model_config = _STRICT
 
@@ -48,6 +48,8 @@ class _SamplingFields(BaseModel):
     min_tokens: Annotated[int, Field(ge=0)] = 0
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 1.0
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    top_k: Annotated[int, Field(ge=-1)] = 0
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
     stop: StrictStr | list[StrictStr] | None = None
     seed: int | None = None
     n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] = 1

@@ -1,4 +1,4 @@
-"""Sampling: greedy argmax, top-p cut, per-token seeds."""
+"""Sampling: greedy argmax, min-p, top-k and top-p cuts, per-token seeds."""
 
 from __future__ import annotations
 
@@ -21,6 +21,39 @@ def test_tiny_top_p_keeps_only_the_most_likely_token() -> None:
     logits = torch.tensor([0.0, 1.0, 0.9, 0.8])
     params = SamplingParams(temperature=2.0, top_p=0.01)
     assert {sample(logits, params, seed=s, output_index=0) for s in range(20)} == {1}
+
+
+def test_top_k_keeps_the_k_most_likely_tokens() -> None:
+    logits = torch.tensor([0.0, 1.0, 0.9, 0.8, 0.7])
+    chosen = {
+        sample(logits, SamplingParams(temperature=5.0, top_k=2), seed=s, output_index=0)
+        for s in range(200)
+    }
+    assert chosen == {1, 2}
+    flat = {sample(logits, SamplingParams(temperature=5.0), s, 0) for s in range(200)}
+    assert flat == {0, 1, 2, 3, 4}  # without the cut every token is drawn
+    assert {sample(logits, SamplingParams(temperature=5.0, top_k=1), s, 0) for s in range(20)} == {
+        1
+    }
+
+
+def test_min_p_drops_tokens_far_less_likely_than_the_best() -> None:
+    # At T = 1 the probabilities relative to the best are 1, e^-0.5, e^-3 and e^-4.
+    logits = torch.tensor([4.0, 3.5, 1.0, 0.0])
+    params = SamplingParams(temperature=1.0, min_p=0.1)
+    assert {sample(logits, params, seed=s, output_index=0) for s in range(300)} == {0, 1}
+
+
+def test_top_p_is_a_share_of_what_top_k_left() -> None:
+    """As vLLM cuts them: top-k first, then top-p over the renormalised rest. Of the two
+    tokens top-k keeps (0.5 and 0.3 of the whole), top-p 0.6 keeps the first alone; over
+    the whole distribution it would keep both."""
+    probs = torch.tensor([0.5, 0.3, 0.1, 0.1])
+    logits = probs.log()
+    both = SamplingParams(temperature=1.0, top_k=2, top_p=0.6)
+    assert {sample(logits, both, seed=s, output_index=0) for s in range(100)} == {0}
+    alone = SamplingParams(temperature=1.0, top_p=0.6)
+    assert {sample(logits, alone, seed=s, output_index=0) for s in range(100)} == {0, 1}
 
 
 def test_sampling_depends_only_on_seed_and_index() -> None:

@@ -333,6 +333,8 @@ def _vllm_sampling(sampling: SamplingParams, max_tokens: int) -> Any:
         max_tokens=max_tokens,
         temperature=sampling.temperature,
         top_p=sampling.top_p,
+        top_k=sampling.top_k,
+        min_p=sampling.min_p,
         seed=seed,
         stop=list(sampling.stop) or None,
         ignore_eos=sampling.ignore_eos,
