@@ -75,3 +75,23 @@ def test_early_reject_needs_a_scheduler_that_predicts_and_the_native_engine() ->
     options = ServeOptions(scheduler="twp_slo", early_reject=True)
     assert options.policy_name == "twp_slo-early_reject" and options.rejects_early
     assert not ServeOptions(scheduler="twp_slo").rejects_early
+
+
+def test_several_choices_predicted_to_miss_get_one_429_and_leave_nothing(
+    rejecting_server: RunningServer,
+) -> None:
+    """A batch of prompts with two samples each: every choice is refused, the response is
+    one 429 (streamed or not), and no choice is left running or queued."""
+    url = rejecting_server.url
+    before = metric(url, REJECTED)
+    body = {"model": MODEL, "prompt": ["Hello there", "Good morning"], "n": 2, "max_tokens": 4}
+    for stream in (False, True):
+        answer = httpx.post(f"{url}/v1/completions", json={**body, "stream": stream}, timeout=60)
+        assert answer.status_code == 429, answer.text
+        assert answer.json()["error"]["code"] == "predicted_slo_miss"
+    assert metric(url, REJECTED) >= before + 2
+    (container,) = wait_until_idle(url)["containers"]
+    assert container["num_waiting"] == container["num_running"] == 0
+    built = rejecting_server.server
+    assert isinstance(built, Server)
+    assert built.service.admission.num_requests == 0
