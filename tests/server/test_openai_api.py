@@ -92,6 +92,26 @@ def test_top_k_of_one_is_greedy_and_min_p_is_accepted(server: RunningServer) -> 
     assert _complete(server.url, loose)["choices"][0]["text"]
 
 
+def test_logit_bias_bans_and_forces_tokens(server: RunningServer) -> None:
+    """OpenAI's logit_bias: -100 keeps the greedy choice out, +100 forces a token."""
+    body = {**GREEDY, "prompt": "The capital of France is", "max_tokens": 3, "logprobs": 0}
+    first = _complete(server.url, body)["choices"][0]["logprobs"]["tokens"][0]
+    first_id = httpx.post(
+        f"{server.url}/tokenize", json={"prompt": first, "add_special_tokens": False}
+    ).json()["tokens"]
+    assert len(first_id) == 1
+    banned = _complete(server.url, {**body, "logit_bias": {str(first_id[0]): -100}})
+    assert banned["choices"][0]["logprobs"]["tokens"][0] != first
+    forced_id = httpx.post(
+        f"{server.url}/tokenize", json={"prompt": " banana", "add_special_tokens": False}
+    ).json()["tokens"]
+    forced = _complete(
+        server.url,
+        {**body, "temperature": 1.0, "seed": 2, "logit_bias": {str(forced_id[0]): 100}},
+    )
+    assert forced["choices"][0]["logprobs"]["tokens"] == [" banana"] * 3
+
+
 def test_openai_client_chat_and_completions(server: RunningServer) -> None:
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)

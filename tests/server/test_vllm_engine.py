@@ -112,7 +112,9 @@ def test_a_batch_with_several_samples_each_through_vllm(vllm_server: RunningServ
     assert data["usage"]["completion_tokens"] == 4 * 6
 
 
-def test_top_k_of_one_through_vllm_is_greedy(vllm_server: RunningServer) -> None:
+def test_top_k_of_one_is_greedy_and_logit_bias_forces_through_vllm(
+    vllm_server: RunningServer,
+) -> None:
     url = f"{vllm_server.url}/v1/completions"
     body = {"model": MODEL, "prompt": "The capital of France is", "max_tokens": 6}
     greedy = httpx.post(url, json={**body, "temperature": 0}, timeout=120).json()
@@ -120,3 +122,10 @@ def test_top_k_of_one_through_vllm_is_greedy(vllm_server: RunningServer) -> None
         url, json={**body, "temperature": 1.5, "seed": 9, "top_k": 1, "min_p": 0.5}, timeout=120
     ).json()
     assert sampled["choices"][0]["text"] == greedy["choices"][0]["text"]
+    banana = httpx.post(
+        f"{vllm_server.url}/tokenize", json={"prompt": " banana", "add_special_tokens": False}
+    ).json()["tokens"]
+    forced = httpx.post(
+        url, json={**body, "max_tokens": 3, "logit_bias": {str(banana[0]): 100}}, timeout=120
+    ).json()
+    assert forced["choices"][0]["text"] == " banana" * 3

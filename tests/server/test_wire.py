@@ -165,7 +165,6 @@ def test_min_tokens_holds_off_eos(server: RunningServer) -> None:
     [
         ({"response_format": {"type": "json_object"}}, "response_format"),
         ({"tools": []}, "tools"),
-        ({"logit_bias": {"1": 5}}, "logit_bias"),
         ({"best_of": 2}, "best_of"),
         ({"stream": True, "stream_options": {"continuous_usage_stats": True}}, "stream_options"),
         ({"presence_penalty": 0.5}, "presence_penalty"),

@@ -22,7 +22,9 @@ class SamplingParams:
     ``prompt_logprobs``: the same for every prompt token after the first. ``top_k`` (0: all
     tokens) and ``min_p`` (0: off; tokens less likely than ``min_p`` times the most likely
     one are dropped) cut the tempered distribution before ``top_p``, in vLLM's order
-    (temperature, min-p, top-k, top-p)."""
+    (temperature, min-p, top-k, top-p). ``logit_bias``: (token id, bias) pairs added to
+    the logits before any of that, greedy included, as OpenAI's ``logit_bias`` (-100 bans
+    a token in practice, +100 forces it); logprobs stay those of the raw distribution."""
 
     temperature: float = 0.0
     top_p: float = 1.0
@@ -35,6 +37,7 @@ class SamplingParams:
     min_tokens: int = 0
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -45,6 +48,12 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0 (0: all tokens), got {self.top_k}")
         if not 0 <= self.min_p <= 1:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        for token_id, bias in self.logit_bias:
+            if token_id < 0 or not -100 <= bias <= 100:
+                raise ValueError(
+                    f"logit_bias needs token ids >= 0 and biases in [-100, 100], got "
+                    f"{token_id}: {bias}"
+                )
         if self.first_output_index < 0:
             raise ValueError(f"first_output_index must be >= 0, got {self.first_output_index}")
         if self.min_tokens < 0:

@@ -66,6 +66,7 @@ def build_router(service: Service, config: RouteConfig) -> APIRouter:
             top_p=body.top_p,
             top_k=max(0, body.top_k),
             min_p=body.min_p,
+            logit_bias=logit_bias_of(body),
             seed=body.seed,
             stop=body.stop_strings(),
             ignore_eos=body.ignore_eos,
@@ -73,6 +74,22 @@ def build_router(service: Service, config: RouteConfig) -> APIRouter:
             logprobs=body.num_logprobs,
             prompt_logprobs=body.num_prompt_logprobs,
         )
+
+    def logit_bias_of(body: _SamplingFields) -> tuple[tuple[int, float], ...]:
+        """The request's ``logit_bias`` as (token id, bias) pairs; a key that is not a
+        token id of the vocabulary is a 400 naming it."""
+        vocab = len(service.tokenizer)
+        pairs = []
+        for key, bias in (body.logit_bias or {}).items():
+            token_id = int(key) if key.strip().isdigit() else -1
+            if not 0 <= token_id < vocab:
+                raise ApiError(
+                    400,
+                    f"'logit_bias' key {key!r} is not a token id in [0, {vocab})",
+                    param="logit_bias",
+                )
+            pairs.append((token_id, float(bias)))
+        return tuple(pairs)
 
     def output_spec(
         body: _SamplingFields, chat: bool, echo: tuple[int, ...] | None, echo_text: str = ""

@@ -39,6 +39,7 @@ class _SamplingFields(BaseModel):
     """Fields shared by completions and chat completions. ``model`` may be left out (the
     served model), as vLLM's server allows. ``ignore_eos``, ``min_tokens``, ``top_k`` (0 or
     -1: all tokens) and ``min_p`` are vLLM's extensions that benchmark clients send;
+    ``logit_bias`` maps token ids (as strings, OpenAI's form) to biases in [-100, 100];
     ``user`` is an end-user id for the operator's logs and changes nothing in the output."""
 
     model_config = _STRICT
@@ -50,6 +51,7 @@ class _SamplingFields(BaseModel):
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
     top_k: Annotated[int, Field(ge=-1)] = 0
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
+    logit_bias: dict[StrictStr, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
     stop: StrictStr | list[StrictStr] | None = None
     seed: int | None = None
     n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] = 1

@@ -56,6 +56,15 @@ def test_top_p_is_a_share_of_what_top_k_left() -> None:
     assert {sample(logits, alone, seed=s, output_index=0) for s in range(100)} == {0, 1}
 
 
+def test_logit_bias_bans_and_forces_tokens_greedy_or_sampled() -> None:
+    logits = torch.tensor([0.1, 3.0, 2.9, -1.0])
+    banned_best = SamplingParams(logit_bias=((1, -100.0),))
+    assert sample(logits, banned_best, seed=0, output_index=0) == 2
+    forced = SamplingParams(temperature=1.0, logit_bias=((3, 100.0),))
+    assert {sample(logits, forced, seed=s, output_index=0) for s in range(50)} == {3}
+    assert logits[3] == -1.0  # the caller's logits are left as they were
+
+
 def test_sampling_depends_only_on_seed_and_index() -> None:
     logits = torch.zeros(1000)
     params = SamplingParams(temperature=1.0)

@@ -574,7 +574,7 @@ class NativeEngine(BlockAccountedEngine):
             params = request.sampling
             index = params.first_output_index + request.num_output_tokens
             banned = self.loaded.eos_token_ids if index < params.min_tokens else frozenset()
-            if params.temperature == 0 and not banned:
+            if params.temperature == 0 and not banned and not params.logit_bias:
                 token = logits.argmax(row)
             else:
                 token = sample(logits.row(row), params, seed, index, banned)

@@ -15,8 +15,8 @@ def sample(
     output_index: int,
     banned: frozenset[int] = frozenset(),
 ) -> int:
-    """Choose the next token from ``logits`` (``[vocab]``, float32, CPU), never one of
-    ``banned`` (EOS before ``min_tokens``).
+    """Choose the next token from ``logits`` (``[vocab]``, float32, CPU) plus the request's
+    ``logit_bias``, never one of ``banned`` (EOS before ``min_tokens``).
 
     ``temperature == 0`` is argmax (the first of equal maxima; numpy's, which on a CPU row
     of this size costs a fraction of torch's). Otherwise the distribution
@@ -24,8 +24,12 @@ def sample(
     likely one, keeps the ``top_k`` most likely (0: all), is cut to the smallest set of most
     likely tokens whose mass reaches ``top_p`` (of what is left), and is sampled with a
     generator seeded by ``token_seed(seed, output_index)``."""
-    if banned:
+    if params.logit_bias or banned:
         logits = logits.clone()
+    if params.logit_bias:
+        ids, biases = zip(*params.logit_bias, strict=True)
+        logits[list(ids)] += torch.tensor(biases, dtype=logits.dtype)
+    if banned:
         logits[sorted(banned)] = float("-inf")
     if params.temperature == 0:
         return int(logits.numpy().argmax())

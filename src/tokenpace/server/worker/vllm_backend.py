@@ -335,6 +335,7 @@ def _vllm_sampling(sampling: SamplingParams, max_tokens: int) -> Any:
         top_p=sampling.top_p,
         top_k=sampling.top_k,
         min_p=sampling.min_p,
+        logit_bias=dict(sampling.logit_bias) or None,
         seed=seed,
         stop=list(sampling.stop) or None,
         ignore_eos=sampling.ignore_eos,
