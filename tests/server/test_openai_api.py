@@ -112,6 +112,26 @@ def test_logit_bias_bans_and_forces_tokens(server: RunningServer) -> None:
     assert forced["choices"][0]["logprobs"]["tokens"] == [" banana"] * 3
 
 
+def test_frequency_and_repetition_penalties_break_a_greedy_loop(server: RunningServer) -> None:
+    """A prompt greedy decoding repeats from: each penalty makes its most repeated token
+    rarer than without it (the penalties count the tokens the request has seen). A
+    presence penalty of 2 does not break this loop, whose margins are wider (the sampler's
+    unit test covers it)."""
+    body = {**GREEDY, "prompt": "1, 1, 1, 1, 1, 1, 1, 1,", "max_tokens": 16, "ignore_eos": True}
+
+    def most_repeated(extra: dict[str, object]) -> int:
+        tokens = _complete(server.url, {**body, "logprobs": 0, **extra})["choices"][0]
+        counts: dict[str, int] = {}
+        for token in tokens["logprobs"]["tokens"]:
+            counts[token] = counts.get(token, 0) + 1
+        return max(counts.values())
+
+    plain = most_repeated({})
+    assert plain >= 6  # the loop the penalties are there to break
+    assert most_repeated({"frequency_penalty": 2.0}) < plain
+    assert most_repeated({"repetition_penalty": 2.0}) < plain
+
+
 def test_openai_client_chat_and_completions(server: RunningServer) -> None:
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)

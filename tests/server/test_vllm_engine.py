@@ -129,3 +129,17 @@ def test_top_k_of_one_is_greedy_and_logit_bias_forces_through_vllm(
         url, json={**body, "max_tokens": 3, "logit_bias": {str(banana[0]): 100}}, timeout=120
     ).json()
     assert forced["choices"][0]["text"] == " banana" * 3
+
+
+def test_a_frequency_penalty_through_vllm_breaks_a_greedy_loop(vllm_server: RunningServer) -> None:
+    url = f"{vllm_server.url}/v1/completions"
+    body = {
+        "model": MODEL,
+        "prompt": "1, 1, 1, 1, 1, 1, 1, 1,",
+        "max_tokens": 16,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+    plain = httpx.post(url, json=body, timeout=120).json()["choices"][0]["text"]
+    penalised = httpx.post(url, json={**body, "frequency_penalty": 2.0}, timeout=120).json()
+    assert plain.count("1") > penalised["choices"][0]["text"].count("1")

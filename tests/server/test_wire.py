@@ -167,7 +167,6 @@ def test_min_tokens_holds_off_eos(server: RunningServer) -> None:
         ({"tools": []}, "tools"),
         ({"best_of": 2}, "best_of"),
         ({"stream": True, "stream_options": {"continuous_usage_stats": True}}, "stream_options"),
-        ({"presence_penalty": 0.5}, "presence_penalty"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
         ({"min_tokens": 50, "max_tokens": 8}, "min_tokens"),
         ({"top_logprobs": 3}, "top_logprobs"),

@@ -24,7 +24,12 @@ class SamplingParams:
     one are dropped) cut the tempered distribution before ``top_p``, in vLLM's order
     (temperature, min-p, top-k, top-p). ``logit_bias``: (token id, bias) pairs added to
     the logits before any of that, greedy included, as OpenAI's ``logit_bias`` (-100 bans
-    a token in practice, +100 forces it); logprobs stay those of the raw distribution."""
+    a token in practice, +100 forces it); logprobs stay those of the raw distribution.
+    Penalties, as OpenAI and vLLM define them, apply after the bias, greedy included:
+    ``repetition_penalty`` divides the positive logits (multiplies the negative ones) of
+    every token already in the prompt or the output; ``frequency_penalty`` subtracts itself
+    once per earlier occurrence of a token in the output, ``presence_penalty`` once if it
+    occurred at all."""
 
     temperature: float = 0.0
     top_p: float = 1.0
@@ -38,6 +43,9 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -54,6 +62,11 @@ class SamplingParams:
                     f"logit_bias needs token ids >= 0 and biases in [-100, 100], got "
                     f"{token_id}: {bias}"
                 )
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if not 0 < self.repetition_penalty <= 2:
+            raise ValueError(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
         if self.first_output_index < 0:
             raise ValueError(f"first_output_index must be >= 0, got {self.first_output_index}")
         if self.min_tokens < 0:
@@ -62,6 +75,13 @@ class SamplingParams:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ValueError(f"{name} must be >= 0 or None, got {value}")
+
+    @property
+    def has_penalties(self) -> bool:
+        """Whether any penalty changes the logits."""
+        return bool(self.presence_penalty or self.frequency_penalty) or (
+            self.repetition_penalty != 1.0
+        )
 
 
 def token_seed(seed: int, output_index: int) -> int:

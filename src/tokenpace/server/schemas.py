@@ -25,7 +25,6 @@ MAX_LOGPROBS = 20  # as vLLM's default max_logprobs
 # Sequences one response may carry (prompts x n): OpenAI's bound on n.
 MAX_CHOICES = 128
 
-_NoPenalty = Annotated[float, Field(ge=0.0, le=0.0)]
 PromptField = str | list[str] | list[int] | list[list[int]]
 
 
@@ -40,6 +39,8 @@ class _SamplingFields(BaseModel):
     served model), as vLLM's server allows. ``ignore_eos``, ``min_tokens``, ``top_k`` (0 or
     -1: all tokens) and ``min_p`` are vLLM's extensions that benchmark clients send;
     ``logit_bias`` maps token ids (as strings, OpenAI's form) to biases in [-100, 100];
+    ``presence_penalty`` and ``frequency_penalty`` (OpenAI's, in [-2, 2]) and
+    ``repetition_penalty`` (vLLM's, in (0, 2]) penalise tokens already seen;
     ``user`` is an end-user id for the operator's logs and changes nothing in the output."""
 
     model_config = _STRICT
@@ -58,8 +59,9 @@ class _SamplingFields(BaseModel):
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     ignore_eos: StrictBool = False
-    presence_penalty: _NoPenalty = 0.0
-    frequency_penalty: _NoPenalty = 0.0
+    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] = 0.0
+    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] = 0.0
+    repetition_penalty: Annotated[float, Field(gt=0.0, le=2.0)] = 1.0
     user: StrictStr | None = None
 
     @field_validator("stop")

@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="the native engine needs torch (native extra)")
 
 from tokenpace.core.sampling import SamplingParams, token_seed  # noqa: E402
-from tokenpace.engine.native.sampler import sample  # noqa: E402
+from tokenpace.engine.native.sampler import TokenHistory, penalised, sample  # noqa: E402
 
 pytestmark = pytest.mark.native
 
@@ -63,6 +63,32 @@ def test_logit_bias_bans_and_forces_tokens_greedy_or_sampled() -> None:
     forced = SamplingParams(temperature=1.0, logit_bias=((3, 100.0),))
     assert {sample(logits, forced, seed=s, output_index=0) for s in range(50)} == {3}
     assert logits[3] == -1.0  # the caller's logits are left as they were
+
+
+def test_penalties_as_openai_and_vllm_define_them() -> None:
+    logits = torch.tensor([2.0, -1.0, 0.5, 3.0])
+    history = TokenHistory(prompt=[0, 1], output=[3, 3, 2])
+    frequency = penalised(logits, SamplingParams(frequency_penalty=0.5), history)
+    assert frequency.tolist() == [2.0, -1.0, 0.0, 2.0]  # once per output occurrence
+    presence = penalised(logits, SamplingParams(presence_penalty=0.5), history)
+    assert presence.tolist() == [2.0, -1.0, 0.0, 2.5]  # once for any occurrence
+    repetition = penalised(logits, SamplingParams(repetition_penalty=2.0), history)
+    assert repetition.tolist() == [1.0, -2.0, 0.25, 1.5]  # prompt and output, both signs
+    assert logits.tolist() == [2.0, -1.0, 0.5, 3.0]
+    # Greedy honours them: token 3 leads, until its repeats cost more than its lead.
+    params = SamplingParams(frequency_penalty=0.75)
+    assert sample(logits, params, 0, 0, history=TokenHistory([], [3])) == 3
+    assert sample(logits, params, 0, 0, history=history) == 0
+    with pytest.raises(ValueError, match="history"):
+        sample(logits, params, 0, 0)
+
+
+def test_a_moved_requests_history_splits_its_earlier_outputs_off_the_prompt() -> None:
+    """After a move the outputs delivered so far end the prompt (first_output_index of
+    them); the penalties still count them as outputs."""
+    history = TokenHistory.of([5, 6, 7, 8, 9], [10], first_output_index=2)
+    assert list(history.prompt) == [5, 6, 7]
+    assert list(history.output) == [8, 9, 10]
 
 
 def test_sampling_depends_only_on_seed_and_index() -> None:

@@ -71,7 +71,7 @@ from tokenpace.engine.native.ragged_attention import (
     build_ragged_decode,
     ragged_wins,
 )
-from tokenpace.engine.native.sampler import sample
+from tokenpace.engine.native.sampler import TokenHistory, sample
 from tokenpace.engine.native.small_ops import SmallOps, measure_small_ops_max_elements
 from tokenpace.engine.native.stopping import should_stop
 from tokenpace.workload.prompt_ids import prompt_ids
@@ -574,10 +574,18 @@ class NativeEngine(BlockAccountedEngine):
             params = request.sampling
             index = params.first_output_index + request.num_output_tokens
             banned = self.loaded.eos_token_ids if index < params.min_tokens else frozenset()
-            if params.temperature == 0 and not banned and not params.logit_bias:
+            plain = not (banned or params.logit_bias or params.has_penalties)
+            if params.temperature == 0 and plain:
                 token = logits.argmax(row)
             else:
-                token = sample(logits.row(row), params, seed, index, banned)
+                history = None
+                if params.has_penalties:
+                    history = TokenHistory.of(
+                        request.prompt_token_ids or [],
+                        request.output_token_ids,
+                        params.first_output_index,
+                    )
+                token = sample(logits.row(row), params, seed, index, banned, history)
             sampled[request.request_id] = token
             if params.logprobs is not None:
                 entry = token_logprobs(logits.rows(row, row + 1), [token], params.logprobs)[0]

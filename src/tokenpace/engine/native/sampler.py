@@ -1,11 +1,53 @@
-"""Next-token choice per request: greedy, or temperature with min-p, top-k and top-p cuts
-and a reproducible seed."""
+"""Next-token choice per request: the logits biased and penalised as the request asks, then
+greedy, or temperature with min-p, top-k and top-p cuts and a reproducible seed."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from tokenpace.core.sampling import SamplingParams, token_seed
+
+
+@dataclass(frozen=True, slots=True)
+class TokenHistory:
+    """The tokens a request's penalties look at: its prompt as the client sent it, and
+    every output token so far (those generated before a move included)."""
+
+    prompt: Sequence[int]
+    output: Sequence[int]
+
+    @staticmethod
+    def of(
+        prompt_token_ids: Sequence[int], output_token_ids: Sequence[int], first_output_index: int
+    ) -> TokenHistory:
+        """The history of a request whose first ``first_output_index`` outputs were
+        generated before a move and now end its prompt."""
+        split = len(prompt_token_ids) - first_output_index
+        earlier = list(prompt_token_ids[split:])
+        return TokenHistory(prompt_token_ids[:split], [*earlier, *output_token_ids])
+
+
+def penalised(logits: torch.Tensor, params: SamplingParams, history: TokenHistory) -> torch.Tensor:
+    """``logits`` (a copy) with the request's repetition, frequency and presence penalties
+    applied (``SamplingParams`` defines them)."""
+    logits = logits.clone()
+    vocab = logits.numel()
+    if params.repetition_penalty != 1.0:
+        seen = torch.tensor(sorted({*history.prompt, *history.output}), dtype=torch.long)
+        if seen.numel():
+            values = logits[seen]
+            logits[seen] = torch.where(
+                values > 0, values / params.repetition_penalty, values * params.repetition_penalty
+            )
+    if (params.frequency_penalty or params.presence_penalty) and len(history.output):
+        counts = torch.bincount(
+            torch.tensor(list(history.output), dtype=torch.long), minlength=vocab
+        )[:vocab].to(logits.dtype)
+        logits -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
+    return logits
 
 
 def sample(
@@ -14,9 +56,11 @@ def sample(
     seed: int,
     output_index: int,
     banned: frozenset[int] = frozenset(),
+    history: TokenHistory | None = None,
 ) -> int:
     """Choose the next token from ``logits`` (``[vocab]``, float32, CPU) plus the request's
-    ``logit_bias``, never one of ``banned`` (EOS before ``min_tokens``).
+    ``logit_bias`` and its penalties over ``history`` (required when it has any), never one
+    of ``banned`` (EOS before ``min_tokens``).
 
     ``temperature == 0`` is argmax (the first of equal maxima; numpy's, which on a CPU row
     of this size costs a fraction of torch's). Otherwise the distribution
@@ -29,6 +73,10 @@ def sample(
     if params.logit_bias:
         ids, biases = zip(*params.logit_bias, strict=True)
         logits[list(ids)] += torch.tensor(biases, dtype=logits.dtype)
+    if params.has_penalties:
+        if history is None:
+            raise ValueError("a request with penalties needs its token history")
+        logits = penalised(logits, params, history)
     if banned:
         logits[sorted(banned)] = float("-inf")
     if params.temperature == 0:
