@@ -22,6 +22,8 @@ CASES = [
     ("completions", {"model": MODEL, "prompt": "x", "top_p": 0}, "top_p"),
     ("completions", {"model": MODEL, "prompt": "x", "top_k": -2}, "top_k"),
     ("completions", {"model": MODEL, "prompt": "x", "min_p": 1.5}, "min_p"),
+    ("completions", {"model": MODEL, "prompt": "x", "stop_token_ids": [10**9]}, "stop_token_ids"),
+    ("completions", {"model": MODEL, "prompt": "x", "stop_token_ids": ["a"]}, "stop_token_ids"),
     ("completions", {"model": MODEL, "prompt": "x", "presence_penalty": 2.5}, "presence_penalty"),
     ("completions", {"model": MODEL, "prompt": "x", "frequency_penalty": -3}, "frequency_penalty"),
     ("completions", {"model": MODEL, "prompt": "x", "repetition_penalty": 0}, "repetition_penalty"),

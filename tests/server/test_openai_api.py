@@ -132,6 +132,22 @@ def test_frequency_and_repetition_penalties_break_a_greedy_loop(server: RunningS
     assert most_repeated({"repetition_penalty": 2.0}) < plain
 
 
+def test_stop_token_ids_end_the_output_on_the_token(server: RunningServer) -> None:
+    """vLLM's stop_token_ids: the output ends with the first stop token generated, which it
+    keeps (it is no special token), finish_reason "stop"; not before min_tokens."""
+    body = {**GREEDY, "prompt": "Count: 1, 2, 3,", "max_tokens": 12, "ignore_eos": True}
+    plain = _complete(server.url, body)["choices"][0]["text"]
+    assert plain.count(",") >= 2
+    comma = httpx.post(
+        f"{server.url}/tokenize", json={"prompt": ",", "add_special_tokens": False}
+    ).json()["tokens"]
+    stopped = _complete(server.url, {**body, "stop_token_ids": comma})["choices"][0]
+    assert stopped["finish_reason"] == "stop"
+    assert stopped["text"] == plain[: plain.index(",") + 1]
+    later = _complete(server.url, {**body, "stop_token_ids": comma, "min_tokens": 6})
+    assert len(later["choices"][0]["text"]) > len(stopped["text"])
+
+
 def test_openai_client_chat_and_completions(server: RunningServer) -> None:
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)

@@ -170,6 +170,19 @@ def test_should_stop_waits_for_min_tokens() -> None:
     assert should_stop(CharTokenizer(), eos, resumed, [], 0)
 
 
+def test_stop_token_ids_end_generation_even_with_ignore_eos_but_not_before_min_tokens() -> None:
+    from tokenpace.core.sampling import SamplingParams
+    from tokenpace.engine.native.stopping import should_stop
+
+    eos = frozenset({0})
+    params = SamplingParams(stop_token_ids=(ord(","),), ignore_eos=True)
+    assert should_stop(CharTokenizer(), eos, params, [ord("a")], ord(","))
+    assert not should_stop(CharTokenizer(), eos, params, [ord("a")], 0)  # EOS ignored
+    assert not should_stop(CharTokenizer(), eos, params, [ord("a")], ord("b"))
+    early = SamplingParams(stop_token_ids=(ord(","),), min_tokens=3)
+    assert not should_stop(CharTokenizer(), eos, early, [ord("a")], ord(","))
+
+
 def test_logprob_formatter_shapes() -> None:
     from tokenpace.core.logprobs import TokenLogprob
     from tokenpace.server.logprob_format import LogprobFormatter, LogprobItem

@@ -143,3 +143,18 @@ def test_a_frequency_penalty_through_vllm_breaks_a_greedy_loop(vllm_server: Runn
     plain = httpx.post(url, json=body, timeout=120).json()["choices"][0]["text"]
     penalised = httpx.post(url, json={**body, "frequency_penalty": 2.0}, timeout=120).json()
     assert plain.count("1") > penalised["choices"][0]["text"].count("1")
+
+
+def test_stop_token_ids_through_vllm(vllm_server: RunningServer) -> None:
+    url = f"{vllm_server.url}/v1/completions"
+    body = {"model": MODEL, "prompt": "Count: 1, 2, 3,", "max_tokens": 12, "temperature": 0}
+    plain = httpx.post(url, json={**body, "ignore_eos": True}, timeout=120).json()
+    comma = httpx.post(
+        f"{vllm_server.url}/tokenize", json={"prompt": ",", "add_special_tokens": False}
+    ).json()["tokens"]
+    stopped = httpx.post(
+        url, json={**body, "ignore_eos": True, "stop_token_ids": comma}, timeout=120
+    ).json()["choices"][0]
+    text = plain["choices"][0]["text"]
+    assert stopped["finish_reason"] == "stop"
+    assert stopped["text"] == text[: text.index(",") + 1]

@@ -29,7 +29,9 @@ class SamplingParams:
     ``repetition_penalty`` divides the positive logits (multiplies the negative ones) of
     every token already in the prompt or the output; ``frequency_penalty`` subtracts itself
     once per earlier occurrence of a token in the output, ``presence_penalty`` once if it
-    occurred at all."""
+    occurred at all. ``stop_token_ids`` (vLLM's): generating one of them ends the request
+    (with it in the output), whether or not ``ignore_eos``; like EOS, none is sampled before
+    ``min_tokens``."""
 
     temperature: float = 0.0
     top_p: float = 1.0
@@ -46,6 +48,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    stop_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.temperature < 0:

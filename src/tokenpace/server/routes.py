@@ -70,6 +70,7 @@ def build_router(service: Service, config: RouteConfig) -> APIRouter:
             presence_penalty=body.presence_penalty,
             frequency_penalty=body.frequency_penalty,
             repetition_penalty=body.repetition_penalty,
+            stop_token_ids=stop_token_ids_of(body),
             seed=body.seed,
             stop=body.stop_strings(),
             ignore_eos=body.ignore_eos,
@@ -93,6 +94,14 @@ def build_router(service: Service, config: RouteConfig) -> APIRouter:
                 )
             pairs.append((token_id, float(bias)))
         return tuple(pairs)
+
+    def stop_token_ids_of(body: _SamplingFields) -> tuple[int, ...]:
+        """The request's ``stop_token_ids``; one outside the vocabulary is a 400."""
+        ids = tuple(body.stop_token_ids or ())
+        vocab = len(service.tokenizer)
+        if any(not 0 <= t < vocab for t in ids):
+            raise ApiError(400, f"'stop_token_ids' must be in [0, {vocab})", param="stop_token_ids")
+        return ids
 
     def output_spec(
         body: _SamplingFields, chat: bool, echo: tuple[int, ...] | None, echo_text: str = ""

@@ -21,6 +21,7 @@ from pydantic import (
 
 _STRICT = ConfigDict(strict=True, extra="forbid")
 MAX_STOP_STRINGS = 4
+MAX_STOP_TOKEN_IDS = 64
 MAX_LOGPROBS = 20  # as vLLM's default max_logprobs
 # Sequences one response may carry (prompts x n): OpenAI's bound on n.
 MAX_CHOICES = 128
@@ -41,6 +42,7 @@ class _SamplingFields(BaseModel):
     ``logit_bias`` maps token ids (as strings, OpenAI's form) to biases in [-100, 100];
     ``presence_penalty`` and ``frequency_penalty`` (OpenAI's, in [-2, 2]) and
     ``repetition_penalty`` (vLLM's, in (0, 2]) penalise tokens already seen;
+    ``stop_token_ids`` (vLLM's) end the request when generated;
     ``user`` is an end-user id for the operator's logs and changes nothing in the output."""
 
     model_config = _STRICT
@@ -62,6 +64,7 @@ class _SamplingFields(BaseModel):
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] = 0.0
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] = 0.0
     repetition_penalty: Annotated[float, Field(gt=0.0, le=2.0)] = 1.0
+    stop_token_ids: Annotated[list[int], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     user: StrictStr | None = None
 
     @field_validator("stop")

@@ -573,7 +573,11 @@ class NativeEngine(BlockAccountedEngine):
                 seed = self._base_seed + request.request_id
             params = request.sampling
             index = params.first_output_index + request.num_output_tokens
-            banned = self.loaded.eos_token_ids if index < params.min_tokens else frozenset()
+            banned = (
+                self.loaded.eos_token_ids | frozenset(params.stop_token_ids)
+                if index < params.min_tokens
+                else frozenset()
+            )
             plain = not (banned or params.logit_bias or params.has_penalties)
             if params.temperature == 0 and plain:
                 token = logits.argmax(row)

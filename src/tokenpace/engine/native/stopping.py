@@ -19,14 +19,16 @@ def should_stop(
     output_token_ids: Sequence[int],
     new_token_id: int,
 ) -> bool:
-    """True when ``new_token_id`` ends generation: it is an EOS token (unless
-    ``params.ignore_eos``) or the output text, with it appended, now contains a stop string
-    that the text before it did not. Only the tail of the output is decoded: a stop string
-    of n characters ending in the new token spans at most n tokens. Nothing ends
-    generation before ``params.min_tokens`` output tokens (counted from the start of the
-    whole generation, ``first_output_index`` included)."""
+    """True when ``new_token_id`` ends generation: it is one of ``params.stop_token_ids``,
+    an EOS token (unless ``params.ignore_eos``), or the output text, with it appended, now
+    contains a stop string that the text before it did not. Only the tail of the output is
+    decoded: a stop string of n characters ending in the new token spans at most n tokens.
+    Nothing ends generation before ``params.min_tokens`` output tokens (counted from the
+    start of the whole generation, ``first_output_index`` included)."""
     if params.first_output_index + len(output_token_ids) + 1 < params.min_tokens:
         return False
+    if new_token_id in params.stop_token_ids:
+        return True
     if new_token_id in eos_token_ids and not params.ignore_eos:
         return True
     if not params.stop:

@@ -341,6 +341,7 @@ def _vllm_sampling(sampling: SamplingParams, max_tokens: int) -> Any:
         repetition_penalty=sampling.repetition_penalty,
         seed=seed,
         stop=list(sampling.stop) or None,
+        stop_token_ids=list(sampling.stop_token_ids) or None,
         ignore_eos=sampling.ignore_eos,
         min_tokens=max(0, sampling.min_tokens - sampling.first_output_index),
         logprobs=sampling.logprobs,
