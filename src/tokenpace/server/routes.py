@@ -19,6 +19,7 @@ from tokenpace.server.events import Event
 from tokenpace.server.output import OutputBuilder, OutputSpec
 from tokenpace.server.prompts import chat_prompt_ids, completion_prompts, longest_prompt_chars
 from tokenpace.server.responses import ResponseMeta
+from tokenpace.server.sampling_fields import sampling_params
 from tokenpace.server.schemas import (
     MAX_CHOICES,
     ChatCompletionRequest,
@@ -50,58 +51,6 @@ def build_router(service: Service, config: RouteConfig) -> APIRouter:
     """The ``/v1`` routes bound to ``service``."""
 
     router = APIRouter(prefix="/v1", dependencies=[Depends(authorizer(config.api_key))])
-
-    def sampling_of(body: _SamplingFields, max_tokens: int) -> SamplingParams:
-        conflict = body.conflict()
-        if conflict is not None:
-            raise ApiError(400, conflict[1], param=conflict[0])
-        if body.min_tokens > max_tokens:
-            raise ApiError(
-                400,
-                f"'min_tokens' is {body.min_tokens} but 'max_tokens' is {max_tokens}",
-                param="min_tokens",
-            )
-        return SamplingParams(
-            temperature=body.temperature,
-            top_p=body.top_p,
-            top_k=max(0, body.top_k),
-            min_p=body.min_p,
-            logit_bias=logit_bias_of(body),
-            presence_penalty=body.presence_penalty,
-            frequency_penalty=body.frequency_penalty,
-            repetition_penalty=body.repetition_penalty,
-            stop_token_ids=stop_token_ids_of(body),
-            seed=body.seed,
-            stop=body.stop_strings(),
-            ignore_eos=body.ignore_eos,
-            min_tokens=body.min_tokens,
-            logprobs=body.num_logprobs,
-            prompt_logprobs=body.num_prompt_logprobs,
-        )
-
-    def logit_bias_of(body: _SamplingFields) -> tuple[tuple[int, float], ...]:
-        """The request's ``logit_bias`` as (token id, bias) pairs; a key that is not a
-        token id of the vocabulary is a 400 naming it."""
-        vocab = len(service.tokenizer)
-        pairs = []
-        for key, bias in (body.logit_bias or {}).items():
-            token_id = int(key) if key.strip().isdigit() else -1
-            if not 0 <= token_id < vocab:
-                raise ApiError(
-                    400,
-                    f"'logit_bias' key {key!r} is not a token id in [0, {vocab})",
-                    param="logit_bias",
-                )
-            pairs.append((token_id, float(bias)))
-        return tuple(pairs)
-
-    def stop_token_ids_of(body: _SamplingFields) -> tuple[int, ...]:
-        """The request's ``stop_token_ids``; one outside the vocabulary is a 400."""
-        ids = tuple(body.stop_token_ids or ())
-        vocab = len(service.tokenizer)
-        if any(not 0 <= t < vocab for t in ids):
-            raise ApiError(400, f"'stop_token_ids' must be in [0, {vocab})", param="stop_token_ids")
-        return ids
 
     def output_spec(
         body: _SamplingFields, chat: bool, echo: tuple[int, ...] | None, echo_text: str = ""
@@ -185,7 +134,7 @@ def build_router(service: Service, config: RouteConfig) -> APIRouter:
         max_tokens = [
             service.check_lengths(len(ids), body.max_tokens or 16, "prompt") for ids in prompts
         ]
-        sampling = sampling_of(body, min(max_tokens))
+        sampling = sampling_params(body, min(max_tokens), len(service.tokenizer))
         specs = [
             (
                 ids,
@@ -212,7 +161,7 @@ def build_router(service: Service, config: RouteConfig) -> APIRouter:
         prompt_ids = chat_prompt_ids(service.tokenizer, body.messages)
         requested = body.max_completion_tokens or body.max_tokens
         max_tokens = service.check_lengths(len(prompt_ids), requested, "messages")
-        sampling = sampling_of(body, max_tokens)
+        sampling = sampling_params(body, max_tokens, len(service.tokenizer))
         spec = output_spec(body, True, None)
         choices = submit_choices([(prompt_ids, spec)], body.n, [max_tokens], sampling)
         info = meta("chatcmpl", choices[0].submission.request.request_id, chat=True)
