@@ -27,6 +27,7 @@ CASES = [
     ("completions", {"model": MODEL, "prompt": "x", "presence_penalty": 2.5}, "presence_penalty"),
     ("completions", {"model": MODEL, "prompt": "x", "frequency_penalty": -3}, "frequency_penalty"),
     ("completions", {"model": MODEL, "prompt": "x", "repetition_penalty": 0}, "repetition_penalty"),
+    ("completions", {"model": MODEL, "prompt": "x", "repetition_penalty": 1e-9}, "repetition"),
     ("completions", {"model": MODEL, "prompt": "x", "logit_bias": {"abc": 1}}, "logit_bias"),
     ("completions", {"model": MODEL, "prompt": "x", "logit_bias": {"-1": 1}}, "logit_bias"),
     ("completions", {"model": MODEL, "prompt": "x", "logit_bias": {"10000000": 1}}, "logit_bias"),

@@ -6,10 +6,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# Temperatures below this sample greedily (vLLM's threshold).
+GREEDY_TEMPERATURE = 1e-5
+# A repetition penalty divides logits: far below this it overflows them to infinity.
+MIN_REPETITION_PENALTY = 0.01
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
-    """OpenAI-style sampling settings. ``temperature == 0`` means greedy. ``seed`` makes a
+    """OpenAI-style sampling settings. A temperature under ``GREEDY_TEMPERATURE`` (0
+    included) means greedy (``is_greedy``), as vLLM treats it: dividing logits by less
+    overflows them. ``seed`` makes a
     sampled request reproducible on its own. ``stop`` strings end generation (the stop
     string is not part of the output); ``ignore_eos`` forces exactly max_tokens tokens, as
     benchmark workloads do. ``first_output_index``: the position, in the whole generation,
@@ -68,8 +75,11 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2 <= getattr(self, name) <= 2:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
-        if not 0 < self.repetition_penalty <= 2:
-            raise ValueError(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
+        if not MIN_REPETITION_PENALTY <= self.repetition_penalty <= 2:
+            raise ValueError(
+                f"repetition_penalty must be in [{MIN_REPETITION_PENALTY}, 2], got "
+                f"{self.repetition_penalty}"
+            )
         if self.first_output_index < 0:
             raise ValueError(f"first_output_index must be >= 0, got {self.first_output_index}")
         if self.min_tokens < 0:
@@ -78,6 +88,11 @@ class SamplingParams:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ValueError(f"{name} must be >= 0 or None, got {value}")
+
+    @property
+    def is_greedy(self) -> bool:
+        """Whether the next token is the most likely one (after bias and penalties)."""
+        return self.temperature < GREEDY_TEMPERATURE
 
     @property
     def has_penalties(self) -> bool:

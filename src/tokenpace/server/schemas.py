@@ -19,6 +19,8 @@ from pydantic import (
     field_validator,
 )
 
+from tokenpace.core.sampling import MIN_REPETITION_PENALTY
+
 _STRICT = ConfigDict(strict=True, extra="forbid")
 MAX_STOP_STRINGS = 4
 MAX_STOP_TOKEN_IDS = 64
@@ -41,7 +43,7 @@ class _SamplingFields(BaseModel):
     -1: all tokens) and ``min_p`` are vLLM's extensions that benchmark clients send;
     ``logit_bias`` maps token ids (as strings, OpenAI's form) to biases in [-100, 100];
     ``presence_penalty`` and ``frequency_penalty`` (OpenAI's, in [-2, 2]) and
-    ``repetition_penalty`` (vLLM's, in (0, 2]) penalise tokens already seen;
+    ``repetition_penalty`` (vLLM's, in [0.01, 2]) penalise tokens already seen;
     ``stop_token_ids`` (vLLM's) end the request when generated;
     ``user`` is an end-user id for the operator's logs and changes nothing in the output."""
 
@@ -63,7 +65,7 @@ class _SamplingFields(BaseModel):
     ignore_eos: StrictBool = False
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] = 0.0
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] = 0.0
-    repetition_penalty: Annotated[float, Field(gt=0.0, le=2.0)] = 1.0
+    repetition_penalty: Annotated[float, Field(ge=MIN_REPETITION_PENALTY, le=2.0)] = 1.0
     stop_token_ids: Annotated[list[int], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     user: StrictStr | None = None
 

@@ -149,7 +149,7 @@ class Service:
         return inflight
 
     def _seeded(self, sampling: SamplingParams) -> SamplingParams:
-        if sampling.temperature == 0 or sampling.seed is not None:
+        if sampling.is_greedy or sampling.seed is not None:
             return sampling
         return replace(sampling, seed=int(self.rng.integers(0, 2**63 - 1)))
 

@@ -91,6 +91,17 @@ def test_a_moved_requests_history_splits_its_earlier_outputs_off_the_prompt() ->
     assert list(history.output) == [8, 9, 10]
 
 
+def test_extreme_settings_still_choose_a_token() -> None:
+    """A top_p below float32's smallest value keeps the most likely token; a temperature
+    too small to divide by samples greedily, as vLLM treats it."""
+    logits = torch.tensor([0.0, 1.0, 0.9, 0.8])
+    tiny_p = SamplingParams(temperature=1.0, top_p=5e-324)
+    assert {sample(logits, tiny_p, seed=s, output_index=0) for s in range(10)} == {1}
+    tiny_t = SamplingParams(temperature=5e-324)
+    assert tiny_t.is_greedy and not SamplingParams(temperature=0.01).is_greedy
+    assert sample(logits, tiny_t, seed=0, output_index=0) == 1
+
+
 def test_sampling_depends_only_on_seed_and_index() -> None:
     logits = torch.zeros(1000)
     params = SamplingParams(temperature=1.0)

@@ -579,7 +579,7 @@ class NativeEngine(BlockAccountedEngine):
                 else frozenset()
             )
             plain = not (banned or params.logit_bias or params.has_penalties)
-            if params.temperature == 0 and plain:
+            if params.is_greedy and plain:
                 token = logits.argmax(row)
             else:
                 history = None

@@ -62,8 +62,9 @@ def sample(
     ``logit_bias`` and its penalties over ``history`` (required when it has any), never one
     of ``banned`` (EOS before ``min_tokens``).
 
-    ``temperature == 0`` is argmax (the first of equal maxima; numpy's, which on a CPU row
-    of this size costs a fraction of torch's). Otherwise the distribution
+    A greedy request (``params.is_greedy``) takes the argmax (the first of equal maxima;
+    numpy's, which on a CPU row of this size costs a fraction of torch's). Otherwise the
+    distribution
     ``softmax(logits / T)`` loses the tokens less likely than ``min_p`` times the most
     likely one, keeps the ``top_k`` most likely (0: all), is cut to the smallest set of most
     likely tokens whose mass reaches ``top_p`` (of what is left), and is sampled with a
@@ -79,7 +80,7 @@ def sample(
         logits = penalised(logits, params, history)
     if banned:
         logits[sorted(banned)] = float("-inf")
-    if params.temperature == 0:
+    if params.is_greedy:
         return int(logits.numpy().argmax())
     probs = torch.softmax(logits / params.temperature, dim=-1)
     if params.min_p > 0:
@@ -93,7 +94,11 @@ def sample(
             # top_p is a share of the mass the earlier cuts left.
             kept = float(sorted_probs.sum()) if cut_k or params.min_p > 0 else 1.0
             mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-            sorted_probs[mass_before >= params.top_p * kept] = 0.0
+            cut = mass_before >= params.top_p * kept
+            # The most likely token always stays: a top_p below float32's smallest value
+            # would otherwise round to 0 and cut every token.
+            cut[0] = False
+            sorted_probs[cut] = 0.0
         probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
     generator = torch.Generator(device="cpu")
     generator.manual_seed(token_seed(seed, output_index))
