@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.server.conftest import API_KEY, RunningServer
-from tests.server.helpers import MODEL
+from tests.server.helpers import MODEL, sse_payloads
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Say hi"}], "temperature": 0}
 
@@ -166,7 +166,6 @@ def test_min_tokens_holds_off_eos(server: RunningServer) -> None:
         ({"response_format": {"type": "json_object"}}, "response_format"),
         ({"tools": []}, "tools"),
         ({"best_of": 2}, "best_of"),
-        ({"stream": True, "stream_options": {"continuous_usage_stats": True}}, "stream_options"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
         ({"min_tokens": 50, "max_tokens": 8}, "min_tokens"),
         ({"top_logprobs": 3}, "top_logprobs"),
@@ -228,3 +227,34 @@ def test_each_prompt_of_a_batch_is_held_to_the_character_bound_alone(
     error = response.json()["error"]
     assert error["param"] == "prompt" and "tokens" in error["message"]
     assert "characters" not in error["message"]
+
+
+def test_continuous_usage_stats_give_every_chunk_its_choices_usage_so_far(
+    server: RunningServer,
+) -> None:
+    """vLLM's ``continuous_usage_stats``: each chunk's usage is its choice's so far
+    (never decreasing, prompt plus completion), the last chunk of a choice has its whole
+    count, and the usage chunk at the end still sums every choice."""
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    for path, extra in (
+        ("completions", {"prompt": ["Once upon a time", "Hello"], "n": 2}),
+        ("chat/completions", {"messages": CHAT["messages"]}),
+    ):
+        body = {"model": MODEL, "temperature": 0, "max_tokens": 8, **extra}
+        whole = httpx.post(f"{server.url}/v1/{path}", json=body, timeout=120).json()
+        streamed = httpx.post(
+            f"{server.url}/v1/{path}",
+            json={**body, "stream": True, "stream_options": options},
+            timeout=120,
+        )
+        payloads = [json.loads(p) for p in sse_payloads(streamed.text)[:-1]]
+        assert payloads[-1]["choices"] == [] and payloads[-1]["usage"] == whole["usage"]
+        so_far: dict[int, int] = {}
+        for data in payloads[:-1]:
+            (choice,) = data["choices"]
+            usage = data["usage"]
+            assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+            assert usage["completion_tokens"] >= so_far.get(choice["index"], 0)
+            so_far[choice["index"]] = usage["completion_tokens"]
+        assert len(so_far) == len(whole["choices"])
+        assert sum(so_far.values()) == whole["usage"]["completion_tokens"]

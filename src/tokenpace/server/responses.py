@@ -68,10 +68,11 @@ def chunk(
     logprobs: dict[str, Any] | None = None,
     with_usage: bool = False,
     index: int = 0,
+    usage: Usage | None = None,
 ) -> dict[str, Any]:
     """One stream chunk of choice ``index`` carrying ``text`` (chat: a content delta; None:
-    the role delta) and the ``logprobs`` of its tokens; ``with_usage`` adds
-    ``"usage": null``."""
+    the role delta) and the ``logprobs`` of its tokens; ``with_usage`` adds ``"usage"``:
+    null, or ``usage`` when given (vLLM's continuous usage stats)."""
     choice: dict[str, Any]
     if meta.chat:
         delta: dict[str, Any] = {"role": "assistant", "content": ""} if text is None else {}
@@ -98,7 +99,7 @@ def chunk(
         "choices": [choice],
     }
     if with_usage:
-        body["usage"] = None
+        body["usage"] = None if usage is None else usage.to_dict()
     return body
 
 

@@ -187,7 +187,9 @@ async def _respond(
                 )
             except ClientGone:
                 return JSONResponse(error_body(400, "client disconnected", None, None), 499)
-        stream = stream_events(choices, info, body.include_usage, service.abort, first)
+        stream = stream_events(
+            choices, info, body.include_usage, service.abort, first, body.continuous_usage
+        )
         # On shutdown the drain aborts what is still running, so every stream ends with its
         # last chunk and [DONE]; sse-starlette must not cut streams before that. No
         # keep-alive pings: OpenAI's and vLLM's streams carry data events only.

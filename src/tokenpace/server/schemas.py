@@ -35,6 +35,7 @@ class StreamOptions(BaseModel):
     model_config = _STRICT
 
     include_usage: StrictBool = False
+    continuous_usage_stats: StrictBool = False
 
 
 class _SamplingFields(BaseModel):
@@ -93,6 +94,13 @@ class _SamplingFields(BaseModel):
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def continuous_usage(self) -> bool:
+        """vLLM's continuous usage stats: every chunk carries its choice's usage so far
+        (with ``include_usage`` only, as vLLM reads them)."""
+        options = self.stream_options
+        return options is not None and options.include_usage and options.continuous_usage_stats
 
     @property
     def num_logprobs(self) -> int | None:

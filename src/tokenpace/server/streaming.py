@@ -126,25 +126,41 @@ async def stream_events(
     include_usage: bool,
     abort: Callable[[InFlight], None],
     first: Sequence[Event] = (),
+    continuous_usage: bool = False,
 ) -> AsyncIterator[bytes]:
     """Server-sent events of every choice, each chunk tagged with its choice's index, until
     ``[DONE]`` after the last choice has finished. With ``include_usage`` every chunk
     carries ``"usage": null`` and a last chunk with empty ``choices`` carries the usage
     summed over the choices, as OpenAI sends them. ``first``: the choices' first events
-    when the caller already took them from their queues (``first_events``). A failed
-    choice ends the stream with an error event, and the others are aborted."""
+    when the caller already took them from their queues (``first_events``). With
+    ``continuous_usage`` every chunk's ``usage`` is its choice's so far instead of null
+    (vLLM's ``continuous_usage_stats``). A failed choice ends the stream with an error
+    event, and the others are aborted."""
     events = ChoiceEvents(choices, first)
     usage = Usage(0, 0)
     echoed: set[int] = set()
+    num_tokens = dict.fromkeys((c.index for c in choices), 0)
 
-    def piece_chunk(choice: Choice, piece: Piece, reason: str | None) -> bytes:
-        body = chunk(meta, piece.text, reason, piece.logprobs, include_usage, choice.index)
+    def so_far(choice: Choice, completion_tokens: int | None = None) -> Usage | None:
+        if not continuous_usage:
+            return None
+        done = num_tokens[choice.index] if completion_tokens is None else completion_tokens
+        return Usage(choice.submission.request.num_prompt_tokens, done)
+
+    def piece_chunk(
+        choice: Choice, piece: Piece, reason: str | None, done: int | None = None
+    ) -> bytes:
+        body = chunk(
+            meta, piece.text, reason, piece.logprobs, include_usage, choice.index,
+            so_far(choice, done),
+        )  # fmt: skip
         return sse_event(body)
 
     try:
         if meta.chat:
             for choice in choices:
-                yield sse_event(chunk(meta, None, None, None, include_usage, choice.index))
+                role = chunk(meta, None, None, None, include_usage, choice.index, so_far(choice))
+                yield sse_event(role)
         while events.open:
             got = await events.next()
             assert got is not None  # no timeout
@@ -159,6 +175,7 @@ async def stream_events(
                 if echo is not None:
                     yield piece_chunk(choice, echo, None)
             if isinstance(event, TokenEvent):
+                num_tokens[choice.index] += 1
                 piece = output.push(event)
                 if piece is not None:
                     yield piece_chunk(choice, piece, None)
@@ -169,7 +186,7 @@ async def stream_events(
                 yield DONE
                 return
             reason = finish_reason_name(event.reason, output.text.stopped)
-            yield piece_chunk(choice, output.finish(), reason)
+            yield piece_chunk(choice, output.finish(), reason, event.num_output_tokens)
             usage = Usage(
                 usage.prompt_tokens + _prompt_tokens(choice, event),
                 usage.completion_tokens + event.num_output_tokens,
