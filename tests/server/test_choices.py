@@ -106,3 +106,20 @@ def test_close_cancels_pending_reads() -> None:
         return events.unfinished()
 
     assert [c.index for c in asyncio.run(main())] == [1]
+
+
+def test_one_stream_is_read_from_its_queue_and_a_pending_read_is_not_lost() -> None:
+    async def main() -> list[Any]:
+        (a,) = choices(1)
+        events = ChoiceEvents([a])
+        assert await events.next(0.01) is None  # leaves a read pending on the queue
+        put(a, TokenEvent(1, 0.1), TokenEvent(2, 0.2), finish(2))
+        got = []
+        while events.open:
+            pair = await events.next()  # no timeout: straight from the queue once free
+            assert pair is not None
+            got.append(pair[1])
+        return got
+
+    got = asyncio.run(main())
+    assert [getattr(e, "token_id", "end") for e in got] == [1, 2, "end"]

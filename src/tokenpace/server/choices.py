@@ -61,6 +61,16 @@ class ChoiceEvents:
         if not self._ready:
             if not self.open:
                 raise RuntimeError("every choice has finished")
+            reading = [c for c in self._choices if c.index not in self._finished]
+            if timeout_s is None and len(reading) == 1 and not self._gets:
+                # One stream left and no read pending: wait on its queue directly, without
+                # a task per event (a stream's common case: one choice).
+                (choice,) = reading
+                event = await choice.submission.handle.queue.get()
+                if isinstance(event, FinishEvent):
+                    self._finished.add(choice.index)
+                    self._handed_finish.add(choice.index)
+                return choice, event
             for choice in self._choices:
                 index = choice.index
                 if index not in self._finished and index not in self._gets:
