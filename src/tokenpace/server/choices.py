@@ -38,6 +38,7 @@ class ChoiceEvents:
         if len(first) > len(choices):
             raise ValueError("more first events than choices")
         self._choices = list(choices)
+        self._by_index = {c.index: c for c in self._choices}
         self._ready: deque[tuple[Choice, Event]] = deque(zip(self._choices, first, strict=False))
         self._gets: dict[int, asyncio.Task[Event]] = {}
         self._finished: set[int] = set()
@@ -81,14 +82,13 @@ class ChoiceEvents:
             )
             if not done:
                 return None
-            by_index = {c.index: c for c in self._choices}
             for index, task in list(self._gets.items()):
                 if task.done():
                     del self._gets[index]
                     event = task.result()
                     if isinstance(event, FinishEvent):
                         self._finished.add(index)
-                    self._ready.append((by_index[index], event))
+                    self._ready.append((self._by_index[index], event))
         choice, event = self._ready.popleft()
         if isinstance(event, FinishEvent):
             self._handed_finish.add(choice.index)

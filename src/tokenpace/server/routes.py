@@ -53,7 +53,7 @@ def build_router(service: Service, config: RouteConfig) -> APIRouter:
     router = APIRouter(prefix="/v1", dependencies=[Depends(authorizer(config.api_key))])
 
     def output_spec(
-        body: _SamplingFields, chat: bool, echo: tuple[int, ...] | None, echo_text: str = ""
+        body: _SamplingFields, chat: bool, echo: tuple[int, ...] | None, echoed: str = ""
     ) -> OutputSpec:
         return OutputSpec(
             chat=chat,
@@ -61,7 +61,7 @@ def build_router(service: Service, config: RouteConfig) -> APIRouter:
             min_tokens=body.min_tokens,
             logprobs=body.num_logprobs is not None,
             echo_ids=echo,
-            echo_text=echo_text if echo is not None else "",
+            echo_text=echoed if echo is not None else "",
         )
 
     def echo_text(body: CompletionRequest, index: int, prompt_ids: list[int]) -> str:
@@ -76,7 +76,7 @@ def build_router(service: Service, config: RouteConfig) -> APIRouter:
     def submit_choices(
         prompts: list[tuple[list[int], OutputSpec]],
         n: int,
-        max_tokens: list[int],
+        max_tokens: int,
         sampling: SamplingParams,
     ) -> list[Choice]:
         """Submit ``n`` samples of each prompt, choice index ``prompt * n + sample``. A
@@ -89,7 +89,7 @@ def build_router(service: Service, config: RouteConfig) -> APIRouter:
                     params = sampling
                     if sampling.seed is not None:
                         params = replace(sampling, seed=sampling.seed + sample)
-                    submission = service.submit(prompt_ids, max_tokens[prompt_index], params)
+                    submission = service.submit(prompt_ids, max_tokens, params)
                     output = OutputBuilder(service.tokenizer, spec)
                     index = prompt_index * n + sample
                     choices.append(Choice(index, submission, output, counts_prompt=sample == 0))
@@ -131,10 +131,10 @@ def build_router(service: Service, config: RouteConfig) -> APIRouter:
         check_num_choices(body.num_prompts, body.n)
         service.check_prompt_chars(longest_prompt_chars(body.prompt), "prompt")
         prompts = completion_prompts(service.tokenizer, body.prompt)
-        max_tokens = [
-            service.check_lengths(len(ids), body.max_tokens or 16, "prompt") for ids in prompts
-        ]
-        sampling = sampling_params(body, min(max_tokens), len(service.tokenizer))
+        max_tokens = body.max_tokens or 16
+        for ids in prompts:
+            service.check_lengths(len(ids), max_tokens, "prompt")
+        sampling = sampling_params(body, max_tokens, len(service.tokenizer))
         specs = [
             (
                 ids,
@@ -156,14 +156,13 @@ def build_router(service: Service, config: RouteConfig) -> APIRouter:
         body: ChatCompletionRequest, http: Request
     ) -> JSONResponse | EventSourceResponse:
         check_model(body.model, config.model_name)
-        check_num_choices(1, body.n)
         service.check_prompt_chars(sum(len(m.text()) for m in body.messages), "messages")
         prompt_ids = chat_prompt_ids(service.tokenizer, body.messages)
         requested = body.max_completion_tokens or body.max_tokens
         max_tokens = service.check_lengths(len(prompt_ids), requested, "messages")
         sampling = sampling_params(body, max_tokens, len(service.tokenizer))
         spec = output_spec(body, True, None)
-        choices = submit_choices([(prompt_ids, spec)], body.n, [max_tokens], sampling)
+        choices = submit_choices([(prompt_ids, spec)], body.n, max_tokens, sampling)
         info = meta("chatcmpl", choices[0].submission.request.request_id, chat=True)
         return await _respond(service, config, choices, body, info, http)
 

@@ -64,11 +64,10 @@ def sample(
 
     A greedy request (``params.is_greedy``) takes the argmax (the first of equal maxima;
     numpy's, which on a CPU row of this size costs a fraction of torch's). Otherwise the
-    distribution
-    ``softmax(logits / T)`` loses the tokens less likely than ``min_p`` times the most
-    likely one, keeps the ``top_k`` most likely (0: all), is cut to the smallest set of most
-    likely tokens whose mass reaches ``top_p`` (of what is left), and is sampled with a
-    generator seeded by ``token_seed(seed, output_index)``."""
+    distribution ``softmax(logits / T)`` loses the tokens less likely than ``min_p`` times
+    the most likely one, keeps the ``top_k`` most likely (0: all), is cut to the smallest
+    set of most likely tokens whose mass reaches ``top_p`` (of what is left), and is
+    sampled with a generator seeded by ``token_seed(seed, output_index)``."""
     if params.logit_bias or banned:
         logits = logits.clone()
     if params.logit_bias:
