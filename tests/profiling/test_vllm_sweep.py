@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ SMALL = SweepConfig(
     context_lengths=(32, 256),
     context_batch_sizes=(4,),
     prefill_chunks=(16, 128),
-    prefill_context_starts=(0,),
+    prefill_context_starts=(0, 256),
     mixed_batch_size=4,
     mixed_chunk=32,
     mixed_split=4,
@@ -68,7 +69,11 @@ def test_small_sweep_writes_a_loadable_profile_and_leaves_the_engine_idle(
     assert profile.num_gpu_blocks == scheduler.num_total_blocks
     assert profile.checkpoint_bytes > 0 and profile.engine_init_s == 0.0
     assert profile.notes["decode"].count("B=") == len(SMALL.batch_sizes)
-    assert profile.notes["prefill"].count("C=") == len(SMALL.prefill_chunks)
+    # Each chunk size at context 0, then a chunk after 256 computed tokens of its prompt.
+    assert profile.notes["prefill"].count("C=") == len(SMALL.prefill_chunks) + 1
+    assert "C=64 start=256" in profile.notes["prefill"]
+    assert math.isfinite(profile.prefill_attention_ms_per_kctx)
+    assert profile.prefill_attention_ms_per_kctx >= 0
     # The mixed point also timed its 32 tokens as 4 prompts in one step (the probe checks
     # each step's shape), for the per-chunk overhead.
     assert "with 4 chunks of 8 tokens" in profile.notes["mixed"]
@@ -93,6 +98,23 @@ def test_a_context_beyond_max_model_len_is_refused_before_any_step(
         batch_sizes=(1, 2, 4), context_lengths=(4096,), prefill_context_starts=(0,)
     )
     with pytest.raises(ValueError, match="max_model_len"):
+        run_sweep(VllmProbe(vllm_llm), too_long)
+    assert scheduler.step_index == step_index
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_a_context_start_beyond_the_step_budget_is_refused_before_any_step(
+    vllm_llm: Any,  # noqa: F811
+) -> None:
+    from tokenpace.engine.vllm.probe import VllmProbe
+    from tokenpace.engine.vllm.scheduler import scheduler_of
+
+    scheduler = scheduler_of(vllm_llm)
+    step_index = scheduler.step_index
+    budget = scheduler.max_num_scheduled_tokens
+    too_long = replace(SMALL, prefill_context_starts=(0, budget + 1))
+    with pytest.raises(ValueError, match="max_num_batched_tokens"):
         run_sweep(VllmProbe(vllm_llm), too_long)
     assert scheduler.step_index == step_index
 

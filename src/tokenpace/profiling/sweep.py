@@ -29,6 +29,8 @@ Sleep = Callable[[float], None]
 PROFILE_IDLE_GAPS_S = (0.05, 0.2, 1.0)
 # The lone prefill chunk (tokens) timed after each idle gap.
 IDLE_PROBE_CHUNK = 64
+# The prefill chunk (tokens) timed after each nonzero context start.
+CONTEXT_CHUNK_TOKENS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +49,8 @@ class SweepConfig:
         (16, 32, 64, 128, 256), "Prefill chunk sizes (tokens), timed at context 0."
     )
     prefill_context_starts: tuple[int, ...] = option(
-        (0, 512, 1024), "Context already cached (tokens) before a 64-token chunk."
+        (0, 512, 1024),
+        f"Context already cached (tokens) before a {CONTEXT_CHUNK_TOKENS}-token chunk.",
     )
     mixed_batch_size: int = option(
         8, "Decode batch that carries a prefill chunk (0: no mixed point)."
@@ -208,7 +211,8 @@ def measure_prefill(probe: TimingProbe, config: SweepConfig) -> tuple[PrefillPoi
     sweeps before it (a 256-token chunk at 597 against 461-462 ms), and the fit read that
     phase as the shape of the prefill curve."""
     shapes = [(chunk, 0) for chunk in config.prefill_chunks]
-    shapes += [(64, start) for start in config.prefill_context_starts if start > 0]
+    starts = [start for start in config.prefill_context_starts if start > 0]
+    shapes += [(CONTEXT_CHUNK_TOKENS, start) for start in starts]
     once = replace(config, repeats=1)
     times: dict[tuple[int, int], list[float]] = {shape: [] for shape in shapes}
     for _ in range(config.repeats):

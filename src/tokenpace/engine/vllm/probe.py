@@ -22,14 +22,13 @@ from tokenpace.engine.vllm.config import VllmEngineConfig
 from tokenpace.engine.vllm.step_log import SchedulerStepRecord
 from tokenpace.profiling.points import DecodePoint, MixedPoint, PrefillPoint
 from tokenpace.profiling.probe import EngineFacts, KvFacts
-from tokenpace.profiling.sweep import SweepConfig
+from tokenpace.profiling.sweep import CONTEXT_CHUNK_TOKENS, SweepConfig
 from tokenpace.workload.prompt_ids import synthetic_prompt_ids
 
 # Profiling sweeps on vLLM: more timed steps and two decode rounds, as its CPU steps vary
 # more from step to step than the native engine's.
 VLLM_SWEEP = SweepConfig(
     batch_sizes=(1, 2, 4, 8, 16, 32, 48),
-    prefill_context_starts=(0,),
     steps_per_point=16,
     decode_rounds=2,
 )
@@ -198,20 +197,40 @@ def time_decode(llm: Any, config: SweepConfig, size: int, context: int) -> Decod
     return DecodePoint(size, mean_context, _median_ms(timed), cv)
 
 
-def time_prefill(llm: Any, config: SweepConfig, num_tokens: int) -> PrefillPoint:
-    """Median time of the first step of a lone ``num_tokens``-token prompt (the whole
-    prompt in one step, nothing else running); one untimed run first."""
+def time_prefill(
+    llm: Any, config: SweepConfig, num_tokens: int, context_start: int = 0
+) -> PrefillPoint:
+    """Median time of a lone ``num_tokens``-token prefill chunk after ``context_start``
+    tokens of the same prompt were computed (nothing else running); one untimed run first.
+    With a context, the prompt's first step is held to ``context_start`` tokens (the
+    scheduler's token budget for that step), so its second step is the timed chunk, which
+    attends to that context as a chunked prefill's later chunks do."""
+    from tokenpace.engine.vllm.scheduler import scheduler_of
+
+    scheduler = scheduler_of(llm)
     times = []
     for repeat in range(config.repeats + 1):
         with driving(llm) as driver:
-            driver.add(num_tokens, 2)
-            first = driver.drain()[0]
+            driver.add(context_start + num_tokens, 2)
+            steps = []
+            if context_start:
+                budget = scheduler.max_num_scheduled_tokens
+                scheduler.max_num_scheduled_tokens = context_start
+                try:
+                    steps.append(driver.step()[0])
+                finally:
+                    scheduler.max_num_scheduled_tokens = budget
+            steps += driver.drain()
             records, latency = driver.records(), driver.latencies_s()
-        if _shape(records[first]) != (0, num_tokens) or first not in latency:
-            raise RuntimeError(f"the {num_tokens}-token prefill did not run as one step")
+        timed = steps[1] if context_start else steps[0]
+        if _shape(records[timed]) != (0, num_tokens) or timed not in latency:
+            raise RuntimeError(
+                f"the {num_tokens}-token prefill after {context_start} tokens did not run as "
+                "one step"
+            )
         if repeat > 0:
-            times.append(latency[first])
-    return PrefillPoint(num_tokens, 0, _median_ms(times))
+            times.append(latency[timed])
+    return PrefillPoint(num_tokens, context_start, _median_ms(times))
 
 
 def time_mixed(llm: Any, config: SweepConfig) -> MixedPoint:
@@ -308,10 +327,19 @@ def check_fits(llm: Any, config: SweepConfig) -> None:
     largest = max((*config.prefill_chunks, *mixed_steps))
     if largest > budget:
         raise ValueError(f"a {largest}-token step exceeds max_num_batched_tokens = {budget}")
-    if any(config.prefill_context_starts):
-        raise ValueError(
-            "the vLLM probe times prefills at context 0 only; set prefill_context_starts=(0,)"
-        )
+    for start in config.prefill_context_starts:
+        # The context's own step, then the timed chunk (``measure_prefill``'s shape).
+        if start > budget:
+            raise ValueError(
+                f"a prefill after {start} tokens of context computes them in one step: it "
+                f"needs max_num_batched_tokens >= {start}, got {budget}"
+            )
+        length = start + CONTEXT_CHUNK_TOKENS + 2  # and two output tokens
+        if length > max_model_len:
+            raise ValueError(
+                f"a prefill after {start} tokens of context needs max_model_len >= "
+                f"{length}, the engine has {max_model_len}"
+            )
 
 
 class VllmProbe:
@@ -371,9 +399,7 @@ class VllmProbe:
         return time_decode(self._llm, config, batch_size, context)
 
     def prefill(self, config: SweepConfig, num_tokens: int, context_start: int) -> PrefillPoint:
-        if context_start:
-            raise ValueError("the vLLM probe times prefills at context 0 only")
-        return time_prefill(self._llm, config, num_tokens)
+        return time_prefill(self._llm, config, num_tokens, context_start)
 
     def mixed(self, config: SweepConfig) -> MixedPoint:
         return time_mixed(self._llm, config)
