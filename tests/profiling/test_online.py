@@ -100,6 +100,21 @@ def test_a_measured_decode_residual_is_a_fixed_shape_not_a_bias() -> None:
     assert estimator.predict_ms(1, 0) == pytest.approx(30.0 - 12.0, rel=0.05)
 
 
+def test_a_measured_prefill_residual_is_a_fixed_shape_not_a_bias() -> None:
+    # Chunks of 64 tokens run slow (a kernel switch at that row count), 32 ones do not.
+    shape = ((32, 0.0), (64, 15.0))
+    bent = replace(truth(), prefill_residual_ms=shape)
+    start = replace(prior(), prefill_residual_ms=shape)
+    estimator = OnlineProfileEstimator(start, OnlineCalibrationConfig())
+    run(estimator, steps(bent, 400, np.random.default_rng(5)))
+    live = estimator.profile
+    assert live.prefill_ms_per_token == pytest.approx(bent.prefill_ms_per_token, rel=0.1)
+    assert live.mixed_prefill_overhead_ms == pytest.approx(2.0, abs=1.0)
+    assert live.prefill_residual_ms == shape
+    expected_ms = 1000 * LatencyModel(bent).step_s(8, [PrefillChunk(64, 0)])
+    assert estimator.predict_ms(8, 64) == pytest.approx(expected_ms, rel=0.03)
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
 @pytest.mark.parametrize(
     "slowed",

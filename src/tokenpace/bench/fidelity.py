@@ -262,7 +262,8 @@ def run_speed(runs: Sequence[Sequence[StepRecord]], profile: EngineProfile) -> R
 def at_speed(profile: EngineProfile, decode: float, prefill: float | None = None) -> EngineProfile:
     """``profile`` with its decode terms (l_min, alpha, decode attention, the residual)
     multiplied by ``decode`` and its prefill terms (per token, prefill attention, mixing
-    and per-chunk overheads, the prefill-only floor, the first step after idle) by
+    and per-chunk overheads, the prefill residual, the prefill-only floor, the first step
+    after idle) by
     ``prefill`` (``decode`` when None): the same engine on a machine that many times as
     slow, in each part (``RunSpeed``)."""
     prefill = decode if prefill is None else prefill
@@ -275,6 +276,7 @@ def at_speed(profile: EngineProfile, decode: float, prefill: float | None = None
         alpha_ms=profile.alpha_ms * decode,
         decode_attention_ms_per_kctx=profile.decode_attention_ms_per_kctx * decode,
         decode_residual_ms=tuple((b, ms * decode) for b, ms in profile.decode_residual_ms),
+        prefill_residual_ms=tuple((t, ms * prefill) for t, ms in profile.prefill_residual_ms),
         prefill_ms_per_token=profile.prefill_ms_per_token * prefill,
         prefill_attention_ms_per_kctx=profile.prefill_attention_ms_per_kctx * prefill,
         mixed_prefill_overhead_ms=profile.mixed_prefill_overhead_ms * prefill,

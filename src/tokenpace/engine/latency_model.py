@@ -54,6 +54,8 @@ class LatencyModel:
         self.profile = profile
         self._residual_sizes = [batch for batch, _ in profile.decode_residual_ms]
         self._residual_ms = [ms for _, ms in profile.decode_residual_ms]
+        self._prefill_residual_sizes = [tokens for tokens, _ in profile.prefill_residual_ms]
+        self._prefill_residual_ms = [ms for _, ms in profile.prefill_residual_ms]
 
     def decode_ms(self, batch_size: int) -> float:
         """Eq. 2 (l_min up to B0, then alpha per extra request) plus the profile's measured
@@ -103,16 +105,28 @@ class LatencyModel:
     def residual_ms(self, batch_size: float) -> float:
         """The profile's decode residual at ``batch_size``: linear between swept sizes, the
         end values beyond them, 0 when the profile has none."""
-        sizes, values = self._residual_sizes, self._residual_ms
-        if not sizes:
+        return _interpolated(self._residual_sizes, self._residual_ms, batch_size)
+
+    def prefill_residual_ms(self, num_tokens: float) -> float:
+        """The profile's prefill residual at a step's ``num_tokens`` prefill tokens: linear
+        between swept sizes and from 0 at no tokens to the smallest, the last value beyond
+        the largest; 0 when the profile has none."""
+        return prefill_residual_at(
+            self._prefill_residual_sizes, self._prefill_residual_ms, num_tokens
+        )
+
+    def prefill_step_ms(self, prefill_chunks: Sequence[PrefillChunk]) -> float:
+        """What ``prefill_chunks`` add to a step beyond its floor and decode terms (mixing
+        overhead aside): their costs, the per-chunk overhead and the prefill residual at their
+        summed tokens (below 0 where the residual is: a prefill-only step's floor is fitted
+        through the chunk sizes, and a small chunk may lie under it)."""
+        if not prefill_chunks:
             return 0.0
-        i = bisect_right(sizes, batch_size)
-        if i == 0:
-            return values[0]
-        if i == len(sizes):
-            return values[-1]
-        lo, hi = sizes[i - 1], sizes[i]
-        return values[i - 1] + (values[i] - values[i - 1]) * (batch_size - lo) / (hi - lo)
+        ms = sum(self.prefill_ms(c) for c in prefill_chunks)
+        ms += self.chunks_overhead_ms(len(prefill_chunks))
+        if self._prefill_residual_sizes:
+            ms += self.prefill_residual_ms(sum(c.num_tokens for c in prefill_chunks))
+        return ms
 
     def prefill_ms(self, chunk: PrefillChunk) -> float:
         """Linear cost per token plus the attention term over the context before and within
@@ -149,7 +163,9 @@ class LatencyModel:
         requests; for a profile with ``decode_attention_padded``, ``num_decode`` times
         ``decode_max_context``, the longest of them); prefill chunks add their cost, plus
         the mixing overhead when they share the step with decode tokens, plus the per-chunk
-        overhead for every chunk beyond the first (``chunks_overhead_ms``)."""
+        overhead for every chunk beyond the first (``chunks_overhead_ms``) and the prefill
+        residual at their summed tokens (``prefill_step_ms``; in a step that decodes, all
+        this with the mixing overhead never below 0)."""
         if num_decode == 0 and not prefill_chunks:
             return 0.0
         ms = self.floor_ms(num_decode)
@@ -157,8 +173,34 @@ class LatencyModel:
             num_decode, decode_context_tokens, decode_max_context, decode_contexts
         )
         if prefill_chunks:
-            ms += sum(self.prefill_ms(c) for c in prefill_chunks)
-            ms += self.chunks_overhead_ms(len(prefill_chunks))
+            prefill_ms = self.prefill_step_ms(prefill_chunks)
             if num_decode > 0:
-                ms += self.profile.mixed_prefill_overhead_ms
+                # A decode step that carries prefill is never faster than the decode step.
+                prefill_ms = max(0.0, prefill_ms + self.profile.mixed_prefill_overhead_ms)
+            ms += prefill_ms
         return ms / 1000.0
+
+
+def _interpolated(sizes: Sequence[int], values: Sequence[float], at: float) -> float:
+    """The value at ``at`` of the table (``sizes`` increasing): linear between sizes, the end
+    values beyond them, 0 for an empty table."""
+    if not sizes:
+        return 0.0
+    i = bisect_right(sizes, at)
+    if i == 0:
+        return values[0]
+    if i == len(sizes):
+        return values[-1]
+    lo, hi = sizes[i - 1], sizes[i]
+    return values[i - 1] + (values[i] - values[i - 1]) * (at - lo) / (hi - lo)
+
+
+def prefill_residual_at(sizes: Sequence[int], values: Sequence[float], num_tokens: float) -> float:
+    """A prefill residual table (``EngineProfile.prefill_residual_ms`` as sizes and values)
+    at ``num_tokens``: linear between sizes and from 0 at no tokens to the smallest, the
+    last value beyond the largest; 0 for an empty table."""
+    if not sizes or num_tokens <= 0:
+        return 0.0
+    if num_tokens < sizes[0]:
+        return values[0] * num_tokens / sizes[0]
+    return _interpolated(sizes, values, num_tokens)

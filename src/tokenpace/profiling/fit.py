@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from tokenpace.engine.latency_model import prefill_residual_at
 from tokenpace.profiling.points import DecodePoint, IdlePoint, MixedPoint, PrefillPoint
 
 
@@ -30,13 +31,16 @@ class PrefillFit:
     """Prefill cost per token (ms) plus an attention term per token per 1,000 context tokens,
     the fixed overhead (ms) of carrying a chunk inside a decode step, what each chunk beyond
     the first in one step adds (ms), and what a prefill-only step pays before its tokens
-    (``floor_ms``; 0 when it is the decode floor the fit was given)."""
+    (``floor_ms``; 0 when it is the decode floor the fit was given), and per swept chunk
+    size what its lone step measured beyond those terms (``residual_ms``: the profile's
+    ``prefill_residual_ms``)."""
 
     ms_per_token: float
     attention_ms_per_kctx: float
     mixed_overhead_ms: float
     chunk_overhead_ms: float = 0.0
     floor_ms: float = 0.0
+    residual_ms: tuple[tuple[int, float], ...] = ()
 
     def chunk_ms(self, num_tokens: int, context_start: int) -> float:
         """Same formula as ``LatencyModel.prefill_ms``."""
@@ -203,7 +207,10 @@ def without_context(points: Sequence[DecodePoint], per_kctx_ms: float) -> list[D
 
 
 def fit_prefill(
-    points: Sequence[PrefillPoint], floor_ms: float, mixed: Sequence[MixedPoint] = ()
+    points: Sequence[PrefillPoint],
+    floor_ms: float,
+    mixed: Sequence[MixedPoint] = (),
+    residuals: bool = False,
 ) -> PrefillFit:
     """Least squares of ``step_ms = f + p * C + a * C * mean_context / 1000`` over
     prefill-only steps; ``a`` clamped at 0 and ``p`` at 0. The floor ``f`` is fitted where
@@ -221,7 +228,14 @@ def fit_prefill(
     over the points whose split was timed (clamped at 0; 0 when none was). With a single
     prefill point the attention term is 0: one point cannot tell the two terms apart. Where
     the floor is ``floor_ms`` and lies so high that the per-token term would come out at 0
-    while the points rise with the chunk, the per-token term is the points' own slope."""
+    while the points rise with the chunk, the per-token term is the points' own slope.
+
+    With ``residuals``, each chunk size timed at context 0 gets one: what its step measured
+    beyond the floor and the line, kept where it exceeds the prefill points' pass-to-pass
+    spread (the median over the points of their ``spread``) times the step and 0
+    otherwise, as the decode residual is gated (``decode_residuals``). The mixing and
+    per-chunk overheads are then fitted with it, so a chunk size the engine runs slowly
+    does not count as mixing cost."""
     if not points:
         raise ValueError("the prefill fit needs at least one prefill point")
     chunk = np.array([p.num_tokens for p in points], dtype=float)
@@ -236,16 +250,44 @@ def fit_prefill(
             # the machine, 71 ms where a 32-token prefill took less): the points' own slope.
             per_token = max(0.0, float(np.polyfit(chunk, step_ms, 1)[0]))
     fit = PrefillFit(per_token, attention, 0.0, floor_ms=fitted_floor)
+    if residuals:
+        noise = float(np.median([p.spread for p in points]))
+        floor = fitted_floor or floor_ms
+        fit = replace(fit, residual_ms=_prefill_residuals(fit, floor, points, noise))
     if not mixed:
         return fit
+    sizes, values = [t for t, _ in fit.residual_ms], [ms for _, ms in fit.residual_ms]
     overhead = statistics.median(
-        point.mixed_ms - point.decode_ms - fit.chunk_ms(point.chunk, 0) for point in mixed
-    )
-    per_chunk = [_per_chunk_ms(fit, point) for point in mixed if point.split_chunks > 1]
-    return PrefillFit(
-        fit.ms_per_token, fit.attention_ms_per_kctx, max(0.0, overhead),
-        max(0.0, statistics.median(per_chunk)) if per_chunk else 0.0, fitted_floor,
+        point.mixed_ms - point.decode_ms - fit.chunk_ms(point.chunk, 0)
+        - prefill_residual_at(sizes, values, point.chunk)
+        for point in mixed
     )  # fmt: skip
+    per_chunk = [_per_chunk_ms(fit, point) for point in mixed if point.split_chunks > 1]
+    return replace(
+        fit,
+        mixed_overhead_ms=max(0.0, overhead),
+        chunk_overhead_ms=max(0.0, statistics.median(per_chunk)) if per_chunk else 0.0,
+    )
+
+
+def _prefill_residuals(
+    fit: PrefillFit, floor_ms: float, points: Sequence[PrefillPoint], noise: float
+) -> tuple[tuple[int, float], ...]:
+    """Per chunk size timed at context 0 (increasing), the median of what its points
+    measured beyond ``floor_ms`` and ``fit``'s line, gated by ``noise`` (``fit_prefill``)."""
+    by_size: dict[int, list[float]] = {}
+    measured: dict[int, float] = {}
+    for p in points:
+        if p.context_start == 0:
+            by_size.setdefault(p.num_tokens, []).append(
+                p.step_ms - floor_ms - fit.chunk_ms(p.num_tokens, 0)
+            )
+            measured[p.num_tokens] = p.step_ms
+    residuals = tuple(
+        (size, round(_gated(float(np.median(values)), noise * measured[size]), 4))
+        for size, values in sorted(by_size.items())
+    )
+    return residuals if any(ms for _, ms in residuals) else ()
 
 
 def _per_chunk_ms(fit: PrefillFit, point: MixedPoint) -> float:

@@ -141,8 +141,8 @@ class OnlineProfileEstimator:
         self.num_steps = 0
         self.num_shifts = 0
         self.updated_s: float | None = None
-        # The base profile's decode residual and prefill floor are a fixed shape around Eq. 2:
-        # steps are fitted net of it.
+        # The base profile's decode and prefill residuals and prefill floor are a fixed shape
+        # around Eq. 2: steps are fitted net of it.
         self._shape = LatencyModel(base)
         self._prior = self._theta_of(base)
         self._ridge = config.prior_steps * np.eye(4)
@@ -163,7 +163,7 @@ class OnlineProfileEstimator:
             return None
         cfg = self.config
         x = self._features(num_decode, num_prefill)
-        measured_ms = step.latency_s * 1000.0 - self._shape.shape_ms(num_decode)
+        measured_ms = step.latency_s * 1000.0 - self._fixed_ms(num_decode, num_prefill)
         predicted_ms = float(x @ self._theta)
         residual = measured_ms - predicted_ms
         bound = cfg.clip_sigmas * max(self._spread_ms, _MIN_SPREAD_FRACTION * abs(predicted_ms))
@@ -199,7 +199,12 @@ class OnlineProfileEstimator:
     def predict_ms(self, num_decode: int, num_prefill: int) -> float:
         """The current fit's step latency (ms) for a step of this shape."""
         fitted = float(self._features(num_decode, num_prefill) @ self._theta)
-        return fitted + self._shape.shape_ms(num_decode)
+        return fitted + self._fixed_ms(num_decode, num_prefill)
+
+    def _fixed_ms(self, num_decode: int, num_prefill: int) -> float:
+        """The base profile's fixed shape of a step: the decode residual or prefill floor's
+        excess (``LatencyModel.shape_ms``) and the prefill residual."""
+        return self._shape.shape_ms(num_decode) + self._shape.prefill_residual_ms(num_prefill)
 
     def _shift_ratio(self) -> float | None:
         """When ``shift_votes`` of the recent residuals lie beyond the bound on one side, the

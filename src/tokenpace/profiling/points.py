@@ -18,11 +18,13 @@ class DecodePoint:
 
 @dataclass(frozen=True, slots=True)
 class PrefillPoint:
-    """Median time (ms) of a step computing one prefill chunk and nothing else."""
+    """Median time (ms) of a step computing one prefill chunk and nothing else; ``spread``:
+    the range of its passes over that median (0 for one pass)."""
 
     num_tokens: int
     context_start: int
     step_ms: float
+    spread: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -72,9 +72,10 @@ def fit_profile(
 ) -> tuple[EngineProfile, Eq2Fit, PrefillFit]:
     """The profile of one sweep: the decode attention term per 1,000 context tokens first,
     Eq. 2 on the decode points with it removed (knee fixed at ``b0`` when given), then the
-    prefill terms and the mixing overhead, and the decode residual (what each swept batch
-    measured beyond Eq. 2, where that exceeds the sweep's pass-to-pass spread:
-    ``fit.decode_residuals``); the fits are returned for the figure."""
+    prefill terms and the mixing overhead, and the decode and prefill residuals (what each
+    swept batch measured beyond Eq. 2, and each chunk beyond the prefill line, where that
+    exceeds the sweep's pass-to-pass spread: ``fit.decode_residuals``, ``fit.fit_prefill``);
+    the fits are returned for the figure."""
     decode_attention = fit_decode_attention(sweep.context)
     decode = without_context(sweep.decode, decode_attention)
     eq2 = fit_eq2(decode, b0)
@@ -82,7 +83,8 @@ def fit_profile(
     # A prefill-only step pays at least the latency model's decode floor: l_min plus the
     # residual at the smallest swept batch.
     floor_ms = eq2.l_min_ms + (residual[0][1] if residual else 0.0)
-    prefill_fit = fit_prefill(sweep.prefill, floor_ms, sweep.mixed)
+    spread = pass_spread(sweep.decode_passes)
+    prefill_fit = fit_prefill(sweep.prefill, floor_ms, sweep.mixed, residuals=True)
     prefill_floor = (
         f"A prefill-only step pays {prefill_fit.floor_ms:.2f} ms before its tokens (fitted), "
         f"above the decode floor of {floor_ms:.2f} ms."
@@ -93,12 +95,13 @@ def fit_profile(
     notes = {
         "source": source,
         **point_notes(eq2, sweep.decode, sweep.context, sweep.prefill, sweep.mixed),
-        "decode_pass_spread": f"Decode passes differed by {pass_spread(sweep.decode_passes):.1%} "
+        "decode_pass_spread": f"Decode passes differed by {spread:.1%} "
         "(median over batch sizes of the range of passes over the median pass); a residual "
         "within that spread is written as 0.",
         "step_latency": "A step's wall time from its start to the delivery of its tokens, "
         "as the policy sees it (profiling.probe).",
         "prefill_floor": prefill_floor,
+        "prefill_residual": _prefill_residual_note(sweep, prefill_fit),
         **({"idle_wake": _idle_note(sweep, wake)} if sweep.idle else {}),
         **facts.notes,
     }
@@ -106,6 +109,7 @@ def fit_profile(
         name=facts.name,
         **fitted_terms(eq2, prefill_fit, decode_attention),
         decode_residual_ms=residual,
+        prefill_residual_ms=prefill_fit.residual_ms,
         idle_wake_ms=wake.wake_ms,
         idle_wake_after_s=wake.after_s,
         decode_attention_padded=facts.decode_attention_padded,
@@ -121,6 +125,16 @@ def fit_profile(
         notes=notes,
     )
     return profile, eq2, prefill_fit
+
+
+def _prefill_residual_note(sweep: Sweep, fit: PrefillFit) -> str:
+    """The profile note on the prefill residual: its values and the spread that gates it."""
+    noise = float(np.median([p.spread for p in sweep.prefill])) if sweep.prefill else 0.0
+    kept = ", ".join(f"C={tokens}: {ms:+.2f} ms" for tokens, ms in fit.residual_ms)
+    return (
+        f"Lone chunks beyond the prefill line: {kept or 'none'} (prefill passes differed by "
+        f"{noise:.1%}; a chunk within that spread of its step is written as 0)."
+    )
 
 
 def _idle_note(sweep: Sweep, wake: IdleWakeFit) -> str:

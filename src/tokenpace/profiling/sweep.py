@@ -219,9 +219,15 @@ def measure_prefill(probe: TimingProbe, config: SweepConfig) -> tuple[PrefillPoi
         for chunk, start in shapes:
             times[chunk, start].append(probe.prefill(once, chunk, start).step_ms)
     return tuple(
-        PrefillPoint(chunk, start, statistics.median(times[chunk, start]))
-        for chunk, start in shapes
+        PrefillPoint(chunk, start, statistics.median(passes), _spread(passes))
+        for (chunk, start), passes in times.items()
     )
+
+
+def _spread(times_ms: list[float]) -> float:
+    """(slowest - fastest) / median of one point's passes."""
+    median = statistics.median(times_ms)
+    return (max(times_ms) - min(times_ms)) / median if median > 0 else 0.0
 
 
 def measure_idle(

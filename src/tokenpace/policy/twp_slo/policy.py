@@ -239,10 +239,18 @@ class TwpSloPolicy:
         self._observe_mix(admitted)
         self._num_forced = len(forced)
         prefill_ms += self._latency.chunks_overhead_ms(len(scheduled) - num_decoding)
-        self._predicted_ms = self._latency.decode_ms(num_decoding) + attention_ms + prefill_ms
+        if self._latency.profile.prefill_residual_ms:
+            prefill_tokens = sum(scheduled.values()) - num_decoding
+            prefill_ms += self._latency.prefill_residual_ms(prefill_tokens)
+        mixing_ms = 0.0
+        if num_decoding and len(scheduled) > num_decoding:
+            # A decode step that carries prefill is never faster than the decode step.
+            mixing_ms = cfg.mixed_prefill_overhead_ms
+            prefill_ms = max(-mixing_ms, prefill_ms)
+        self._predicted_ms = (
+            self._latency.decode_ms(num_decoding) + attention_ms + prefill_ms + mixing_ms
+        )
         self._predicted_decoding = num_decoding
-        if prefill_ms and num_decoding:
-            self._predicted_ms += cfg.mixed_prefill_overhead_ms
         return StepPlan(
             admit_ids=tuple(r.request_id for r in admitted),
             num_scheduled_tokens=scheduled,

@@ -7,8 +7,10 @@ its measured residual, plus the decode attention term over their contexts when t
 has one). The
 budget is spent on prefill chunks one request at a time, each chunk costing its tokens at the
 profile's per-token rate plus the attention term over its context, and every chunk after
-the step's first the profile's per-chunk overhead, so the step's predicted latency never
-exceeds the target; a chunk is cut to what the remaining budget pays for. With
+the step's first the profile's per-chunk overhead, and what the profile's prefill residual
+(``EngineProfile.prefill_residual_ms``, at the step's prefill tokens) changes by with it, so
+the step's predicted latency never exceeds the target; a chunk is cut to what the remaining
+budget pays for. With
 no request decoding nobody's ITL is at stake, and the step may carry ``max_tokens`` of
 prefill (at least one chunk, so prefill-only work never starves). All costs are scaled by the
 measured/predicted latency ratio, so the budget shrinks when the engine runs slower than its
@@ -29,7 +31,7 @@ class PrefillBudget:
     returns how many of a request's ``uncomputed`` tokens, the first of which sits at
     ``context`` tokens of context, this step pays for (0 once the budget is spent);
     ``tokens`` is the flat-rate token equivalent of the budget when the step opened;
-    ``num_chunks`` the chunks granted since.
+    ``num_chunks`` the chunks granted since, ``num_granted`` their tokens.
     """
 
     def __init__(self, latency: LatencyModel, max_tokens: int) -> None:
@@ -39,6 +41,7 @@ class PrefillBudget:
         self.tokens_left = 0
         self.tokens = 0
         self.num_chunks = 0
+        self.num_granted = 0
         self._scale = 1.0
 
     def headroom_ms(
@@ -59,6 +62,7 @@ class PrefillBudget:
         """Start a step; returns the budget's flat-rate token equivalent (``tokens``)."""
         self._scale = scale
         self.num_chunks = 0
+        self.num_granted = 0
         self.left_ms = max(0.0, self.headroom_ms(num_decoding, target_ms, scale, attention_ms))
         per_token = self._latency.profile.prefill_ms_per_token
         flat = self.left_ms / per_token if per_token > 0 else math.inf
@@ -97,19 +101,36 @@ class PrefillBudget:
         else:
             tokens = int(budget / b) if b > 0 else uncomputed
         tokens = min(tokens, uncomputed, self.tokens_left)
-        # Rounding of the square root: step back until the chunk fits.
-        while tokens > 0 and self.cost_ms(tokens, context) > budget:
-            tokens -= 1
-        return tokens
+        if tokens <= 0 or self._chunk_ms(tokens, context) <= budget:
+            return max(0, tokens)
+        # Rounding of the square root, or a residual that rises: the largest chunk below
+        # that fits, by bisection (a chunk of 0 tokens always does).
+        fits, too_big = 0, tokens
+        while too_big - fits > 1:
+            middle = (fits + too_big) // 2
+            if self._chunk_ms(middle, context) <= budget:
+                fits = middle
+            else:
+                too_big = middle
+        return fits
 
     def grant(self, uncomputed: int, context: int) -> int:
         """Spend the budget on up to ``uncomputed`` tokens of a request; returns the chunk."""
         tokens = self.affordable(uncomputed, context)
         if tokens > 0:
-            self.left_ms -= self.cost_ms(tokens, context) + self._overhead_ms()
+            self.left_ms -= self._chunk_ms(tokens, context) + self._overhead_ms()
             self.tokens_left -= tokens
             self.num_chunks += 1
+            self.num_granted += tokens
         return tokens
+
+    def _chunk_ms(self, num_tokens: int, context: int) -> float:
+        """``cost_ms`` plus what the step's prefill residual changes by with the chunk."""
+        cost = self.cost_ms(num_tokens, context)
+        if not self._latency.profile.prefill_residual_ms:
+            return cost
+        residual = self._latency.prefill_residual_ms
+        return cost + residual(self.num_granted + num_tokens) - residual(self.num_granted)
 
     def _overhead_ms(self) -> float:
         """What the next chunk costs beyond its tokens: the profile's per-chunk overhead
