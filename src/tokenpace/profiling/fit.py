@@ -161,6 +161,12 @@ def pass_spread(passes: Sequence[DecodePoint]) -> float:
     return float(np.median(ranges)) if ranges else 0.0
 
 
+def prefill_pass_spread(points: Sequence[PrefillPoint]) -> float:
+    """The prefill points' relative pass-to-pass spread: the median of their ``spread``;
+    0 with none."""
+    return float(np.median([p.spread for p in points])) if points else 0.0
+
+
 def _gated(residual_ms: float, noise_ms: float) -> float:
     return residual_ms if abs(residual_ms) > noise_ms else 0.0
 
@@ -251,7 +257,7 @@ def fit_prefill(
             per_token = max(0.0, float(np.polyfit(chunk, step_ms, 1)[0]))
     fit = PrefillFit(per_token, attention, 0.0, floor_ms=fitted_floor)
     if residuals:
-        noise = float(np.median([p.spread for p in points]))
+        noise = prefill_pass_spread(points)
         floor = fitted_floor or floor_ms
         fit = replace(fit, residual_ms=_prefill_residuals(fit, floor, points, noise))
     if not mixed:

@@ -23,6 +23,7 @@ from tokenpace.profiling.fit import (
     fit_idle_wake,
     fit_prefill,
     pass_spread,
+    prefill_pass_spread,
     without_context,
 )
 from tokenpace.profiling.points import DecodePoint, MixedPoint, PrefillPoint
@@ -41,6 +42,9 @@ if TYPE_CHECKING:
 Clock = Callable[[], float]
 Log = Callable[[str], None]
 ENGINES = ("native", "vllm")
+# A sweep whose repeated points moved more than this between passes ran while the machine's
+# speed moved (``steadiness``).
+UNSTEADY_SPREAD = 0.10
 # The profile a backend is opened with before it is profiled (its policy is never used).
 PLACEHOLDER_PROFILE = "v100-llama-3.2-3b"
 
@@ -129,7 +133,7 @@ def fit_profile(
 
 def _prefill_residual_note(sweep: Sweep, fit: PrefillFit) -> str:
     """The profile note on the prefill residual: its values and the spread that gates it."""
-    noise = float(np.median([p.spread for p in sweep.prefill])) if sweep.prefill else 0.0
+    noise = prefill_pass_spread(sweep.prefill)
     kept = ", ".join(f"C={tokens}: {ms:+.2f} ms" for tokens, ms in fit.residual_ms)
     return (
         f"Lone chunks beyond the prefill line: {kept or 'none'} (prefill passes differed by "
@@ -158,6 +162,22 @@ def default_sweep(engine_name: str) -> SweepConfig:
 
         return replace(VLLM_SWEEP, idle_gaps_s=PROFILE_IDLE_GAPS_S)
     return SweepConfig(idle_gaps_s=PROFILE_IDLE_GAPS_S)
+
+
+def steadiness(sweep: Sweep) -> str:
+    """How much the sweep's repeated points moved between passes (decode and prefill), with
+    a warning above ``UNSTEADY_SPREAD``: the machine's speed moved during the sweep, and a
+    profile fitted through such points need not hold (on a 2-core CPU a
+    sweep timed in a slow phase put a 128-token chunk under a 64-token one and a mixing
+    overhead of 42 ms where quiet sweeps fitted 7-14)."""
+    decode, prefill = pass_spread(sweep.decode_passes), prefill_pass_spread(sweep.prefill)
+    line = f"decode passes differed by {decode:.1%}, prefill passes by {prefill:.1%}"
+    if max(decode, prefill) > UNSTEADY_SPREAD:
+        line += (
+            f"; above {UNSTEADY_SPREAD:.0%} the machine's speed moved during the sweep and the "
+            "profile may not hold: profile again on a quiet machine"
+        )
+    return line
 
 
 def run_profile(
@@ -205,6 +225,7 @@ def run_profile(
     source = f"Measured by run_profile on {probe.description}."
     profile, _, _ = fit_profile(measured, facts, source, engine_init_s=engine_init_s)
     profile = replace(profile, dtype=dtype)
+    log(steadiness(measured))
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(profile.to_json() + "\n")
     from tokenpace.profiling.plot import plot_fit
