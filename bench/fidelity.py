@@ -54,7 +54,7 @@ from tokenpace.core.cache import default_cache_dir, stale_reason
 from tokenpace.core.config import option
 from tokenpace.engine.profile import EngineProfile, load_profile
 from tokenpace.metrics.slo import scaled_slo
-from tokenpace.profiling.run import default_sweep, run_profile
+from tokenpace.profiling.run import BENCH_PROFILE_SWEEPS, default_sweep, run_profile
 from tokenpace.profiling.sweep import SweepConfig
 
 ENGINES = ("native", "vllm")
@@ -105,6 +105,7 @@ def engine_profile(
         run_profile(
             engine, path, sweep=sweep, measure_checkpoints=False,
             log=lambda message: print(f"  {message}", file=sys.stderr, flush=True),
+            max_sweeps=BENCH_PROFILE_SWEEPS,
         )  # fmt: skip
     return load_profile(path)
 

@@ -56,7 +56,7 @@ def cached_engine_profile(
         try:
             from tokenpace.bench.engine_runner import SETUPS, prepare_process
             from tokenpace.profiling import run_profile
-            from tokenpace.profiling.run import default_sweep
+            from tokenpace.profiling.run import BENCH_PROFILE_SWEEPS, default_sweep
 
             config = SETUPS[engine].config(None)
         except ImportError as error:
@@ -70,6 +70,7 @@ def cached_engine_profile(
             engine_config=config,
             sweep=replace(default_sweep(engine), decode_rounds=3),
             log=lambda message: print(message, file=sys.stderr),
+            max_sweeps=BENCH_PROFILE_SWEEPS,
         )
     return resolve_profile(str(path))
 
