@@ -286,6 +286,7 @@ def test_bench_scripts_share_the_mechanism(script: str, choice: str, tmp_path: P
         ("bench", ["--nope"], "unrecognized arguments: --nope"),
         ("profile", ["--engine", "sim"], "--engine 'sim' is not a valid choice; valid choices: "),
         ("profile", ["--dtype", "int4"], "--dtype 'int4' is not a valid choice; valid choices: "),
+        ("profile", ["--max-sweeps", "0"], "--max-sweeps must be at least 1, got 0"),
         ("serve", ["--scheduler", "nope"], "--scheduler 'nope' is not a valid choice"),
         ("serve", ["--dtype", "fp8"], "--dtype 'fp8' is not a valid choice; valid choices: "),
         ("serve", ["--uvicorn-log-level", "loud"], "--uvicorn-log-level 'loud' is not a valid"),

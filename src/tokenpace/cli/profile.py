@@ -40,6 +40,15 @@ class ProfileOptions:
     skip_checkpoints: bool = option(
         False, "Do not time checkpoint loads per tier (saves ~20 s; native)."
     )
+    max_sweeps: int = option(
+        1,
+        "Sweep again, up to this many sweeps in all, while a sweep's repeated points move "
+        "more than 10% between passes (a busy machine); the steadiest is fitted.",
+    )
+
+    def __post_init__(self) -> None:
+        if self.max_sweeps < 1:
+            raise ValueError(f"--max-sweeps must be at least 1, got {self.max_sweeps}")
 
 
 def engine_config(options: ProfileOptions, cache_dir: Path) -> object:
@@ -83,6 +92,7 @@ def run(options: ProfileOptions) -> None:
             options.engine, out, engine_config=config,
             measure_checkpoints=not options.skip_checkpoints,
             log=lambda message: print(message, file=sys.stderr),
+            max_sweeps=options.max_sweeps,
         )  # fmt: skip
     except ImportError as error:
         setup = f"scripts/setup.sh {options.engine}"
