@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -86,13 +87,21 @@ def test_converges_to_the_true_terms() -> None:
     assert estimator.updated_s is not None
 
 
+def calibrated_with(
+    shaped: Callable[[EngineProfile], EngineProfile], seed: int
+) -> tuple[EngineProfile, OnlineProfileEstimator]:
+    """The true profile made ``shaped`` (a residual table set), and an estimator that
+    started from the prior shaped alike and saw 400 of its steps."""
+    true = shaped(truth())
+    estimator = OnlineProfileEstimator(shaped(prior()), OnlineCalibrationConfig())
+    run(estimator, steps(true, 400, np.random.default_rng(seed)))
+    return true, estimator
+
+
 def test_a_measured_decode_residual_is_a_fixed_shape_not_a_bias() -> None:
     # A curve that is not Eq. 2: cheap single rows, a bump at small batches.
     shape = ((1, -12.0), (2, 6.0), (4, 8.0), (8, 0.0), (16, -3.0), (24, 0.0))
-    curved = replace(truth(), decode_residual_ms=shape)
-    start = replace(prior(), decode_residual_ms=shape)
-    estimator = OnlineProfileEstimator(start, OnlineCalibrationConfig())
-    run(estimator, steps(curved, 400, np.random.default_rng(4)))
+    curved, estimator = calibrated_with(lambda p: replace(p, decode_residual_ms=shape), 4)
     live = estimator.profile
     assert live.l_min_ms == pytest.approx(curved.l_min_ms, rel=0.03)
     assert live.alpha_ms == pytest.approx(curved.alpha_ms, rel=0.1)
@@ -103,10 +112,7 @@ def test_a_measured_decode_residual_is_a_fixed_shape_not_a_bias() -> None:
 def test_a_measured_prefill_residual_is_a_fixed_shape_not_a_bias() -> None:
     # Chunks of 64 tokens run slow (a kernel switch at that row count), 32 ones do not.
     shape = ((32, 0.0), (64, 15.0))
-    bent = replace(truth(), prefill_residual_ms=shape)
-    start = replace(prior(), prefill_residual_ms=shape)
-    estimator = OnlineProfileEstimator(start, OnlineCalibrationConfig())
-    run(estimator, steps(bent, 400, np.random.default_rng(5)))
+    bent, estimator = calibrated_with(lambda p: replace(p, prefill_residual_ms=shape), 5)
     live = estimator.profile
     assert live.prefill_ms_per_token == pytest.approx(bent.prefill_ms_per_token, rel=0.1)
     assert live.mixed_prefill_overhead_ms == pytest.approx(2.0, abs=1.0)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from tests.profiling.probes import ScriptedEngineFacts
 from tokenpace.profiling.points import DecodePoint, MixedPoint, PrefillPoint
-from tokenpace.profiling.probe import EngineFacts, KvFacts
+from tokenpace.profiling.probe import KvFacts
 from tokenpace.profiling.run import UNSTEADY_SPREAD, steadiness, steady_sweep, sweep_spread
 from tokenpace.profiling.sweep import Sweep, SweepConfig
 
@@ -35,7 +36,7 @@ def test_a_sweep_that_moved_is_flagged_whichever_part_moved() -> None:
         assert "profile again on a quiet machine" in steadiness(sweep(decode, prefill))
 
 
-class PhasedProbe:
+class PhasedProbe(ScriptedEngineFacts):
     """A timing probe on a machine whose speed moves during its first ``noisy_sweeps``
     sweeps (every other decode pass 30% slower) and holds still afterwards; a sweep starts
     at each ``check``."""
@@ -44,17 +45,6 @@ class PhasedProbe:
         self.noisy_sweeps = noisy_sweeps
         self.sweeps = 0
         self._decode_calls = 0
-
-    @property
-    def kv(self) -> KvFacts:
-        return KvFacts(block_size=16, num_gpu_blocks=100, max_num_seqs=64, max_model_len=2048)
-
-    @property
-    def description(self) -> str:
-        return "phased"
-
-    def facts(self, measure_checkpoints: bool) -> EngineFacts:
-        return EngineFacts("phased", 0, (), {})
 
     def check(self, config: SweepConfig) -> None:
         self.sweeps += 1

@@ -6,12 +6,12 @@ from dataclasses import replace
 
 import pytest
 
+from tests.profiling.probes import ScriptedEngineFacts
 from tokenpace.profiling.points import DecodePoint, MixedPoint, PrefillPoint
-from tokenpace.profiling.probe import EngineFacts, KvFacts
 from tokenpace.profiling.sweep import IDLE_PROBE_CHUNK, SweepConfig, run_sweep
 
 
-class ScriptedProbe:
+class ScriptedProbe(ScriptedEngineFacts):
     """A timing probe whose decode passes take scripted times: per batch size, one time per
     call in order (the warm-up pass included)."""
 
@@ -21,17 +21,6 @@ class ScriptedProbe:
         self._decode_ms = {size: list(times) for size, times in decode_ms.items()}
         self._prefill_slow_calls = prefill_slow_calls  # calls, in order, that run 2x slower
         self.prefill_calls: list[tuple[int, int, int]] = []  # (tokens, start, repeats)
-
-    @property
-    def kv(self) -> KvFacts:
-        return KvFacts(block_size=16, num_gpu_blocks=100, max_num_seqs=64, max_model_len=2048)
-
-    @property
-    def description(self) -> str:
-        return "scripted"
-
-    def facts(self, measure_checkpoints: bool) -> EngineFacts:
-        return EngineFacts("scripted", 0, (), {})
 
     def check(self, config: SweepConfig) -> None:
         pass

@@ -86,25 +86,7 @@ def test_small_sweep_writes_a_loadable_profile_and_leaves_the_engine_idle(
 
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_a_context_beyond_max_model_len_is_refused_before_any_step(
-    vllm_llm: Any,  # noqa: F811
-) -> None:
-    from tokenpace.engine.vllm.probe import VllmProbe
-    from tokenpace.engine.vllm.scheduler import scheduler_of
-
-    scheduler = scheduler_of(vllm_llm)
-    step_index = scheduler.step_index
-    too_long = SweepConfig(
-        batch_sizes=(1, 2, 4), context_lengths=(4096,), prefill_context_starts=(0,)
-    )
-    with pytest.raises(ValueError, match="max_model_len"):
-        run_sweep(VllmProbe(vllm_llm), too_long)
-    assert scheduler.step_index == step_index
-
-
-@pytest.mark.vllm
-@pytest.mark.slow
-def test_a_context_start_beyond_the_step_budget_is_refused_before_any_step(
+def test_a_point_the_engine_cannot_run_is_refused_before_any_step(
     vllm_llm: Any,  # noqa: F811
 ) -> None:
     from tokenpace.engine.vllm.probe import VllmProbe
@@ -113,9 +95,15 @@ def test_a_context_start_beyond_the_step_budget_is_refused_before_any_step(
     scheduler = scheduler_of(vllm_llm)
     step_index = scheduler.step_index
     budget = scheduler.max_num_scheduled_tokens
-    too_long = replace(SMALL, prefill_context_starts=(0, budget + 1))
-    with pytest.raises(ValueError, match="max_num_batched_tokens"):
-        run_sweep(VllmProbe(vllm_llm), too_long)
+    refused = [
+        # a decode context past max_model_len
+        (replace(SMALL, context_lengths=(4096,)), "max_model_len"),
+        # a prefill after more context than one step computes
+        (replace(SMALL, prefill_context_starts=(0, budget + 1)), "max_num_batched_tokens"),
+    ]
+    for config, named in refused:
+        with pytest.raises(ValueError, match=named):
+            run_sweep(VllmProbe(vllm_llm), config)
     assert scheduler.step_index == step_index
 
 

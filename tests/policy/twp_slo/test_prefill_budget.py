@@ -34,6 +34,32 @@ def prefilling(request_id: int, prompt: int, computed: int) -> Request:
     return r
 
 
+def planned_chunks(
+    profile: EngineProfile,
+    num_decoding: int,
+    partial: list[tuple[int, float]],
+    prompts: list[int],
+    tpot_ms: float,
+) -> tuple[TwpSloConfig, list[PrefillChunk], list[Request], list[Request]]:
+    """The prefill chunks twp_slo plans for one step with ``num_decoding`` decoding requests,
+    ``partial`` (prompt, share computed) prefilling ones and ``prompts`` waiting; with its
+    config and the prefilling and waiting requests."""
+    cfg = TwpSloConfig.from_profile(profile, Slo(2000.0, tpot_ms))
+    policy = TwpSloPolicy(cfg, profile)
+    decoding = [running(1000 + i, 100, 500, 1) for i in range(num_decoding)]
+    started = [prefilling(2000 + i, p, int(p * f)) for i, (p, f) in enumerate(partial)]
+    waiting = [request(i, prompt=p, max_tokens=50) for i, p in enumerate(prompts)]
+    plan = policy.plan(state(waiting, decoding + started, now_s=0.1))
+    by_id = {r.request_id: r for r in (*decoding, *started, *waiting)}
+    decoding_ids = {r.request_id for r in decoding}
+    chunks = [
+        PrefillChunk(n, by_id[i].num_computed_tokens)
+        for i, n in plan.num_scheduled_tokens.items()
+        if i not in decoding_ids
+    ]
+    return cfg, chunks, started, waiting
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     num_decoding=st.integers(0, 60),
@@ -44,18 +70,7 @@ def prefilling(request_id: int, prompt: int, computed: int) -> Request:
 def test_a_step_never_carries_more_prefill_than_the_headroom(
     num_decoding: int, partial: list[tuple[int, float]], prompts: list[int], tpot_ms: float
 ) -> None:
-    cfg = TwpSloConfig.from_profile(PROFILE, Slo(2000.0, tpot_ms))
-    policy = TwpSloPolicy(cfg, PROFILE)
-    decoding = [running(1000 + i, 100, 500, 1) for i in range(num_decoding)]
-    started = [prefilling(2000 + i, p, int(p * f)) for i, (p, f) in enumerate(partial)]
-    waiting = [request(i, prompt=p, max_tokens=50) for i, p in enumerate(prompts)]
-    plan = policy.plan(state(waiting, decoding + started, now_s=0.1))
-    by_id = {r.request_id: r for r in (*decoding, *started, *waiting)}
-    chunks = [
-        PrefillChunk(n, by_id[i].num_computed_tokens)
-        for i, n in plan.num_scheduled_tokens.items()
-        if i not in {r.request_id for r in decoding}
-    ]
+    cfg, chunks, started, waiting = planned_chunks(PROFILE, num_decoding, partial, prompts, tpot_ms)
     latency = LatencyModel(PROFILE)
     prefill_ms = sum(latency.prefill_ms(c) for c in chunks)
     assert all(c.num_tokens >= 1 for c in chunks)
@@ -137,19 +152,7 @@ BENT = replace(PROFILE, prefill_residual_ms=((16, -4.0), (64, 15.0), (256, 5.0))
 def test_a_prefill_residual_is_paid_for_within_the_headroom(
     num_decoding: int, partial: list[tuple[int, float]], prompts: list[int], tpot_ms: float
 ) -> None:
-    cfg = TwpSloConfig.from_profile(BENT, Slo(2000.0, tpot_ms))
-    policy = TwpSloPolicy(cfg, BENT)
-    decoding = [running(1000 + i, 100, 500, 1) for i in range(num_decoding)]
-    started = [prefilling(2000 + i, p, int(p * f)) for i, (p, f) in enumerate(partial)]
-    waiting = [request(i, prompt=p, max_tokens=50) for i, p in enumerate(prompts)]
-    plan = policy.plan(state(waiting, decoding + started, now_s=0.1))
-    by_id = {r.request_id: r for r in (*decoding, *started, *waiting)}
-    decoding_ids = {r.request_id for r in decoding}
-    chunks = [
-        PrefillChunk(n, by_id[i].num_computed_tokens)
-        for i, n in plan.num_scheduled_tokens.items()
-        if i not in decoding_ids
-    ]
+    cfg, chunks, _, _ = planned_chunks(BENT, num_decoding, partial, prompts, tpot_ms)
     latency = LatencyModel(BENT)
     step_ms = latency.step_s(num_decoding, chunks) * 1000
     assert step_ms <= max(cfg.itl_target_ms, latency.decode_ms(num_decoding)) + 1e-9
