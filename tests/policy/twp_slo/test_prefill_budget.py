@@ -4,6 +4,7 @@ prefill-only steps always make progress."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -60,13 +61,24 @@ def planned_chunks(
     return cfg, chunks, started, waiting
 
 
-@settings(max_examples=60, deadline=None)
-@given(
-    num_decoding=st.integers(0, 60),
-    partial=st.lists(st.tuples(st.integers(2, 6000), st.floats(0, 0.99)), max_size=4),
-    prompts=st.lists(st.integers(1, 6000), max_size=12),
-    tpot_ms=st.sampled_from([60.0, 100.0, 150.0]),
-)
+StepTest = Callable[[int, list[tuple[int, float]], list[int], float], None]
+
+
+def step_cases(min_decoding: int, max_prompt: int) -> Callable[[StepTest], StepTest]:
+    """Hypothesis's cases for ``planned_chunks``: 60 steps of ``min_decoding``-60 decoding
+    requests, up to 4 partly prefilled and 12 waiting prompts of at most ``max_prompt``
+    tokens, under three TPOT objectives."""
+    return lambda test: settings(max_examples=60, deadline=None)(
+        given(
+            num_decoding=st.integers(min_decoding, 60),
+            partial=st.lists(st.tuples(st.integers(2, max_prompt), st.floats(0, 0.99)), max_size=4),
+            prompts=st.lists(st.integers(1, max_prompt), max_size=12),
+            tpot_ms=st.sampled_from([60.0, 100.0, 150.0]),
+        )(test)
+    )
+
+
+@step_cases(min_decoding=0, max_prompt=6000)
 def test_a_step_never_carries_more_prefill_than_the_headroom(
     num_decoding: int, partial: list[tuple[int, float]], prompts: list[int], tpot_ms: float
 ) -> None:
@@ -142,13 +154,7 @@ def test_the_itl_target_margin_covers_the_profiles_step_noise() -> None:
 BENT = replace(PROFILE, prefill_residual_ms=((16, -4.0), (64, 15.0), (256, 5.0)))
 
 
-@settings(max_examples=60, deadline=None)
-@given(
-    num_decoding=st.integers(1, 60),
-    partial=st.lists(st.tuples(st.integers(2, 600), st.floats(0, 0.99)), max_size=4),
-    prompts=st.lists(st.integers(1, 600), max_size=12),
-    tpot_ms=st.sampled_from([60.0, 100.0, 150.0]),
-)
+@step_cases(min_decoding=1, max_prompt=600)
 def test_a_prefill_residual_is_paid_for_within_the_headroom(
     num_decoding: int, partial: list[tuple[int, float]], prompts: list[int], tpot_ms: float
 ) -> None:
