@@ -174,11 +174,18 @@ class LatencyModel:
         )
         if prefill_chunks:
             prefill_ms = self.prefill_step_ms(prefill_chunks)
-            if num_decode > 0:
-                # A decode step that carries prefill is never faster than the decode step.
-                prefill_ms = max(0.0, prefill_ms + self.profile.mixed_prefill_overhead_ms)
-            ms += prefill_ms
+            ms += carried_prefill_ms(prefill_ms, num_decode, self.profile.mixed_prefill_overhead_ms)
         return ms / 1000.0
+
+
+def carried_prefill_ms(prefill_ms: float, num_decode: int, mixing_ms: float) -> float:
+    """What prefill costing ``prefill_ms`` (``LatencyModel.prefill_step_ms``) adds to a step
+    with ``num_decode`` decoding requests: with decode, plus the mixing overhead
+    ``mixing_ms`` and never below 0 (a decode step is never made faster by carrying
+    prefill); a prefill-only step pays it as it is."""
+    if num_decode > 0:
+        return max(0.0, prefill_ms + mixing_ms)
+    return prefill_ms
 
 
 def _interpolated(sizes: Sequence[int], values: Sequence[float], at: float) -> float:

@@ -135,14 +135,23 @@ def decode_residuals(
     zero otherwise, so the model follows Eq. 2 where a point's departure from it is within
     what the same point moved between passes. Without passes measured more than once every
     residual is kept."""
+    measured = [(p.batch_size, p.step_ms, eq2.predict_ms(p.batch_size)) for p in points]
+    return _residual_table(measured, pass_spread(passes))
+
+
+def _residual_table(
+    measured: Sequence[tuple[int, float, float]], noise: float
+) -> tuple[tuple[int, float], ...]:
+    """Per size (increasing), the median of what its (size, measured ms, modelled ms)
+    points measured beyond the model, kept where it exceeds ``noise`` times the size's
+    (last) measured step and 0 otherwise."""
     by_size: dict[int, list[float]] = {}
-    measured: dict[int, float] = {}
-    for p in points:
-        by_size.setdefault(p.batch_size, []).append(p.step_ms - eq2.predict_ms(p.batch_size))
-        measured[p.batch_size] = p.step_ms
-    spread = pass_spread(passes)
+    step_ms: dict[int, float] = {}
+    for size, measured_ms, modelled_ms in measured:
+        by_size.setdefault(size, []).append(measured_ms - modelled_ms)
+        step_ms[size] = measured_ms
     return tuple(
-        (size, round(_gated(float(np.median(values)), spread * measured[size]), 4))
+        (size, round(_gated(float(np.median(values)), noise * step_ms[size]), 4))
         for size, values in sorted(by_size.items())
     )
 
@@ -153,12 +162,15 @@ def pass_spread(passes: Sequence[DecodePoint]) -> float:
     by_size: dict[int, list[float]] = {}
     for p in passes:
         by_size.setdefault(p.batch_size, []).append(p.step_ms)
-    ranges = [
-        (max(times) - min(times)) / float(np.median(times))
-        for times in by_size.values()
-        if len(times) > 1 and np.median(times) > 0
-    ]
+    ranges = [relative_range(times) for times in by_size.values() if len(times) > 1]
     return float(np.median(ranges)) if ranges else 0.0
+
+
+def relative_range(times_ms: Sequence[float]) -> float:
+    """(slowest - fastest) / median of one point's passes; 0 when the median is not
+    positive."""
+    median = float(np.median(times_ms))
+    return (max(times_ms) - min(times_ms)) / median if median > 0 else 0.0
 
 
 def prefill_pass_spread(points: Sequence[PrefillPoint]) -> float:
@@ -280,19 +292,14 @@ def _prefill_residuals(
     fit: PrefillFit, floor_ms: float, points: Sequence[PrefillPoint], noise: float
 ) -> tuple[tuple[int, float], ...]:
     """Per chunk size timed at context 0 (increasing), the median of what its points
-    measured beyond ``floor_ms`` and ``fit``'s line, gated by ``noise`` (``fit_prefill``)."""
-    by_size: dict[int, list[float]] = {}
-    measured: dict[int, float] = {}
-    for p in points:
-        if p.context_start == 0:
-            by_size.setdefault(p.num_tokens, []).append(
-                p.step_ms - floor_ms - fit.chunk_ms(p.num_tokens, 0)
-            )
-            measured[p.num_tokens] = p.step_ms
-    residuals = tuple(
-        (size, round(_gated(float(np.median(values)), noise * measured[size]), 4))
-        for size, values in sorted(by_size.items())
-    )
+    measured beyond ``floor_ms`` and ``fit``'s line, gated by ``noise`` (``fit_prefill``);
+    empty when every one is 0."""
+    measured = [
+        (p.num_tokens, p.step_ms, floor_ms + fit.chunk_ms(p.num_tokens, 0))
+        for p in points
+        if p.context_start == 0
+    ]
+    residuals = _residual_table(measured, noise)
     return residuals if any(ms for _, ms in residuals) else ()
 
 

@@ -180,7 +180,7 @@ def steadiness(sweep: Sweep) -> str:
     overhead of 42 ms where quiet sweeps fitted 7-14)."""
     decode, prefill = pass_spread(sweep.decode_passes), prefill_pass_spread(sweep.prefill)
     line = f"decode passes differed by {decode:.1%}, prefill passes by {prefill:.1%}"
-    if sweep_spread(sweep) > UNSTEADY_SPREAD:
+    if max(decode, prefill) > UNSTEADY_SPREAD:
         line += (
             f"; above {UNSTEADY_SPREAD:.0%} the machine's speed moved during the sweep and the "
             "profile may not hold: profile again on a quiet machine"
@@ -196,18 +196,16 @@ def steady_sweep(
     one's ``steadiness``. Raises ValueError for ``max_sweeps`` < 1."""
     if max_sweeps < 1:
         raise ValueError(f"max_sweeps must be at least 1, got {max_sweeps}")
-    steadiest: Sweep | None = None
+    sweeps: list[tuple[float, Sweep]] = []
     for attempt in range(max_sweeps):
         measured = run_sweep(probe, config, log)
         log(steadiness(measured))
-        if steadiest is None or sweep_spread(measured) < sweep_spread(steadiest):
-            steadiest = measured
-        if sweep_spread(measured) <= UNSTEADY_SPREAD:
+        sweeps.append((sweep_spread(measured), measured))
+        if sweeps[-1][0] <= UNSTEADY_SPREAD:
             break
         if attempt + 1 < max_sweeps:
             log("sweeping again")
-    assert steadiest is not None
-    return steadiest
+    return min(sweeps, key=lambda spread_sweep: spread_sweep[0])[1]
 
 
 def run_profile(

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from tokenpace.core.config import option, require_positive
+from tokenpace.profiling.fit import relative_range
 from tokenpace.profiling.points import DecodePoint, IdlePoint, MixedPoint, PrefillPoint
 from tokenpace.profiling.probe import KvFacts, TimingProbe
 
@@ -219,15 +220,9 @@ def measure_prefill(probe: TimingProbe, config: SweepConfig) -> tuple[PrefillPoi
         for chunk, start in shapes:
             times[chunk, start].append(probe.prefill(once, chunk, start).step_ms)
     return tuple(
-        PrefillPoint(chunk, start, statistics.median(passes), _spread(passes))
+        PrefillPoint(chunk, start, statistics.median(passes), relative_range(passes))
         for (chunk, start), passes in times.items()
     )
-
-
-def _spread(times_ms: list[float]) -> float:
-    """(slowest - fastest) / median of one point's passes."""
-    median = statistics.median(times_ms)
-    return (max(times_ms) - min(times_ms)) / median if median > 0 else 0.0
 
 
 def measure_idle(

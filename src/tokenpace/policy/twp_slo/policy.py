@@ -14,7 +14,7 @@ from tokenpace.core.queue import WaitingQueue
 from tokenpace.core.request import Request
 from tokenpace.core.running import RunningColumns
 from tokenpace.core.step import Rejection, StepPlan, StepState
-from tokenpace.engine.latency_model import LatencyModel
+from tokenpace.engine.latency_model import LatencyModel, carried_prefill_ms
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.metrics.slo import Slo
 from tokenpace.policy.base import POLICIES, Policy
@@ -242,14 +242,12 @@ class TwpSloPolicy:
         if self._latency.profile.prefill_residual_ms:
             prefill_tokens = sum(scheduled.values()) - num_decoding
             prefill_ms += self._latency.prefill_residual_ms(prefill_tokens)
-        mixing_ms = 0.0
-        if num_decoding and len(scheduled) > num_decoding:
-            # A decode step that carries prefill is never faster than the decode step.
-            mixing_ms = cfg.mixed_prefill_overhead_ms
-            prefill_ms = max(-mixing_ms, prefill_ms)
-        self._predicted_ms = (
-            self._latency.decode_ms(num_decoding) + attention_ms + prefill_ms + mixing_ms
+        carries_prefill = len(scheduled) > num_decoding
+        mixing_ms = cfg.mixed_prefill_overhead_ms
+        prefill_ms = (
+            carried_prefill_ms(prefill_ms, num_decoding, mixing_ms) if carries_prefill else 0.0
         )
+        self._predicted_ms = self._latency.decode_ms(num_decoding) + attention_ms + prefill_ms
         self._predicted_decoding = num_decoding
         return StepPlan(
             admit_ids=tuple(r.request_id for r in admitted),
