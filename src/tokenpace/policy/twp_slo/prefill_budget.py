@@ -8,7 +8,8 @@ has one). The
 budget is spent on prefill chunks one request at a time, each chunk costing its tokens at the
 profile's per-token rate plus the attention term over its context, and every chunk after
 the step's first the profile's per-chunk overhead, and what the profile's prefill residual
-(``EngineProfile.prefill_residual_ms``, at the step's prefill tokens) changes by with it, so
+(``EngineProfile.prefill_residual_ms``, at the step's decode and prefill tokens together,
+``LatencyModel.step_residual_ms``) changes by with it, so
 the step's predicted latency never exceeds the target; a chunk is cut to what the remaining
 budget pays for. With
 no request decoding nobody's ITL is at stake, and the step may carry ``max_tokens`` of
@@ -42,6 +43,7 @@ class PrefillBudget:
         self.tokens = 0
         self.num_chunks = 0
         self.num_granted = 0
+        self._num_decoding = 0
         self._scale = 1.0
 
     def headroom_ms(
@@ -61,6 +63,7 @@ class PrefillBudget:
     ) -> int:
         """Start a step; returns the budget's flat-rate token equivalent (``tokens``)."""
         self._scale = scale
+        self._num_decoding = num_decoding
         self.num_chunks = 0
         self.num_granted = 0
         self.left_ms = max(0.0, self.headroom_ms(num_decoding, target_ms, scale, attention_ms))
@@ -129,8 +132,12 @@ class PrefillBudget:
         cost = self.cost_ms(num_tokens, context)
         if not self._latency.profile.prefill_residual_ms:
             return cost
-        residual = self._latency.prefill_residual_ms
-        return cost + residual(self.num_granted + num_tokens) - residual(self.num_granted)
+        residual, decoding = self._latency.step_residual_ms, self._num_decoding
+        return (
+            cost
+            + residual(decoding, self.num_granted + num_tokens)
+            - residual(decoding, self.num_granted)
+        )
 
     def _overhead_ms(self) -> float:
         """What the next chunk costs beyond its tokens: the profile's per-chunk overhead
