@@ -31,9 +31,12 @@ from tokenpace.workload.prompt_ids import synthetic_prompt_ids
 # kernels at that row count), and a residual between points 32 tokens apart spread the jump
 # over them (the runs' mixed steps of 40-56 tokens took 0.81-0.90x the profile's time, those
 # of 57-61 tokens 1.15x). A lone chunk takes about 0.1 s, so the 14 sizes add seconds.
+# Decode batches jump there too (86 ms at 56 requests, 118-120 ms at 60 and 64), so the
+# sweep runs batches up to the engine's 64 and the decode residual carries the jump (Eq. 2's
+# robust fit discounts the one point beyond it: l_min and alpha move by 1-5%).
 VLLM_PREFILL_CHUNKS = (8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 128, 160, 192, 256)
 VLLM_SWEEP = SweepConfig(
-    batch_sizes=(1, 2, 4, 8, 16, 32, 48),
+    batch_sizes=(1, 2, 4, 8, 16, 32, 48, 56, 64),
     prefill_chunks=VLLM_PREFILL_CHUNKS,
     steps_per_point=16,
     decode_rounds=2,
