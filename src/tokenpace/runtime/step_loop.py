@@ -28,8 +28,8 @@ _STATUS_OF = {
 @dataclass(frozen=True, slots=True)
 class StepRecord:
     """What happened in one step, for time series and audits; ``shape``: its decode
-    contexts and prefill chunks as the engine ran them (None where the engine does not say:
-    vLLM's records)."""
+    contexts and prefill chunks as the engine ran them (vLLM's from its scheduler output,
+    ``engine.vllm.step_log.step_shape``; None where a record was made without one)."""
 
     step_index: int
     start_s: float
