@@ -33,7 +33,8 @@ from tokenpace.workload.prompt_ids import synthetic_prompt_ids
 # of 57-61 tokens 1.15x). A lone chunk takes about 0.1 s, so the 14 sizes add seconds.
 # Decode batches jump there too (86 ms at 56 requests, 118-120 ms at 60 and 64), so the
 # sweep runs batches up to the engine's 64 and the decode residual carries the jump (Eq. 2's
-# robust fit discounts the one point beyond it: l_min and alpha move by 1-5%).
+# robust fit discounts the one point beyond it: on one sweep l_min moved by 0.4% and alpha
+# by 4.5%; a point at 60 as well moved alpha by 39%, so the sweep leaves 60 out).
 VLLM_PREFILL_CHUNKS = (8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 128, 160, 192, 256)
 VLLM_SWEEP = SweepConfig(
     batch_sizes=(1, 2, 4, 8, 16, 32, 48, 56, 64),

@@ -50,10 +50,9 @@ class PrefillBudget:
         self.num_granted = 0
         self._num_decoding = 0
         self._scale = 1.0
-        # The step's predicted time (profile ms) before its prefill: decode batch, attention
-        # and mixing; and what the chunks granted since ``open`` added to it.
-        self._base_ms = 0.0
-        self._spent_ms = 0.0
+        # The step's predicted time (profile ms) so far: decode batch, attention, mixing and
+        # the chunks granted since ``open``.
+        self._planned_ms = 0.0
 
     def headroom_ms(
         self, num_decoding: int, target_ms: float, scale: float = 1.0, attention_ms: float = 0.0
@@ -77,10 +76,9 @@ class PrefillBudget:
         self.num_granted = 0
         self.left_ms = max(0.0, self.headroom_ms(num_decoding, target_ms, scale, attention_ms))
         p = self._latency.profile
-        self._base_ms = (
+        self._planned_ms = (
             self._latency.decode_ms(num_decoding) + attention_ms + p.mixed_prefill_overhead_ms
         )
-        self._spent_ms = 0.0
         per_token = self._latency.profile.prefill_ms_per_token
         flat = self.left_ms / per_token if per_token > 0 else math.inf
         self.tokens_left = int(min(self._max_tokens, flat))
@@ -139,7 +137,7 @@ class PrefillBudget:
         if tokens > 0:
             cost_ms = self._chunk_ms(tokens, context) + self._overhead_ms()
             self.left_ms -= cost_ms
-            self._spent_ms += cost_ms
+            self._planned_ms += cost_ms
             self.tokens_left -= tokens
             self.num_chunks += 1
             self.num_granted += tokens
@@ -160,15 +158,16 @@ class PrefillBudget:
 
         def rate(t: int) -> float:
             added_ms = self._chunk_ms(t, context) + self._overhead_ms() if t else 0.0
-            step_ms = self._base_ms + self._spent_ms + added_ms
+            step_ms = self._planned_ms + added_ms
             return (self.num_granted + t) / step_ms if step_ms > 0 else math.inf
 
         # The step's first chunk always carries some prefill; a later one may carry none.
         shorter = [size - rows for size, _ in sizes if 0 < size - rows < tokens]
         best, best_rate = tokens, rate(tokens)
         for t in [*shorter, *([0] if self.num_granted else [])]:
-            if rate(t) > best_rate:
-                best, best_rate = t, rate(t)
+            t_rate = rate(t)
+            if t_rate > best_rate:
+                best, best_rate = t, t_rate
         return best
 
     def _chunk_ms(self, num_tokens: int, context: int) -> float:
