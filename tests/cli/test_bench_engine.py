@@ -15,6 +15,7 @@ from tokenpace.cli.bench_engine import bench_slo, real_engine_parts
 from tokenpace.cli.bench_options import BenchOptions
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.metrics.slo import Slo
+from tokenpace.profiling.online import OnlineCalibrationConfig
 from tokenpace.workload.lengths import LengthMixture
 from tokenpace.workload.main_experiment import PoissonWorkload
 
@@ -95,6 +96,20 @@ def test_vllm_runs_main_and_high_only(
     parts, note = real_engine_parts(options, plan_options(options, paper_profile))
     assert [[w.name for w in p.workloads] for p in parts] == [["main", "high"]]
     assert "(as given)" in note and "native engine only" in note
+
+
+@pytest.mark.usefixtures("knee_stub")
+def test_real_engine_runs_calibrate_online_as_serve_does_unless_told_not_to(
+    slow_profile: Path, paper_profile: EngineProfile
+) -> None:
+    for online, expected in ((True, OnlineCalibrationConfig()), (False, None)):
+        options = BenchOptions(
+            engine="native", profile=str(slow_profile), online_calibration=online
+        )
+        parts, note = real_engine_parts(options, plan_options(options, paper_profile))
+        assert [part.online_calibration for part in parts] == [expected, expected]
+        assert ("refits its policy's profile" in note) is online
+        assert ("Online calibration: off" in note) is not online
 
 
 def test_a_cached_engine_profile_is_used_until_it_is_too_old(

@@ -2,8 +2,11 @@
 
 An ``EngineRunner`` loads its engine at the first run it is given and keeps it for the next
 ones (a vLLM start costs tens of seconds), changing the policy between runs, and loads it
-again only when a run asks for another KV cache size (in the precision the first load
-chose, so that every run of a bench computes alike); whoever opens the runner closes it
+again only when a run asks for another KV cache size or another online calibration (in
+the precision the first load chose, so that every run of a bench computes alike). Under a
+run's ``online_calibration`` the engine refits the policy's profile from its own steps, as
+``tokenpace serve`` does by default, starting again from the run's profile at every run;
+whoever opens the runner closes it
 (``run_matrix`` does, once per bench). Requests run to their true
 output length (``ignore_eos`` with ``max_tokens`` set to it), so here the policy knows it.
 """
@@ -19,6 +22,7 @@ from pathlib import Path
 from tokenpace.bench.runners import RunOutput, RunRequest
 from tokenpace.core.sampling import SamplingParams
 from tokenpace.engine.profile import EngineProfile
+from tokenpace.profiling.online import LiveProfile, OnlineCalibrationConfig
 from tokenpace.runtime.replay import Clock, Sleep, replay
 from tokenpace.server.worker.backend import ServingBackend
 from tokenpace.server.worker.wire import Calibration, WorkerSpec
@@ -81,10 +85,12 @@ def open_backend(
     clock: Clock,
     config: object | None = None,
     dtype: str | None = None,
+    online_calibration: OnlineCalibrationConfig | None = None,
 ) -> ServingBackend:
     """Load ``engine`` (its default benchmark config unless ``config`` is given) as a worker
-    would, with ``profile`` given (no start-up calibration), ``policy`` in charge and, when
-    ``dtype`` is given, that precision for a config's ``auto``. The process environment
+    would, with ``profile`` given (no start-up calibration), ``policy`` in charge, when
+    ``dtype`` is given that precision for a config's ``auto``, and under
+    ``online_calibration`` (None: the policy keeps ``profile``). The process environment
     must already suit the engine (``prepare_process``)."""
     from tokenpace.server.worker.main import build_backend
 
@@ -96,8 +102,23 @@ def open_backend(
         profile=profile,
         build_dir=build_dir(),
         dtype=dtype,
+        online_calibration=online_calibration,
     )
     return build_backend(spec, clock)
+
+
+def calibration_counters(live: LiveProfile | None) -> dict[str, float]:
+    """A run's last online refit as results.json counters (none without calibration):
+    l_min, alpha and the prefill cost the policy planned with at the end (ms), and the
+    changes of speed the calibration detected."""
+    if live is None:
+        return {}
+    return {
+        "calibrated_l_min_ms": live.l_min_ms,
+        "calibrated_alpha_ms": live.alpha_ms,
+        "calibrated_prefill_ms_per_token": live.prefill_ms_per_token,
+        "calibration_shifts": float(live.num_shifts),
+    }
 
 
 def prepare_process(engine: str) -> None:
@@ -121,6 +142,7 @@ class EngineRunner:
         self._sleep = sleep
         self._backend: ServingBackend | None = None
         self._kv_cache_tokens: int | None = None  # the loaded engine's, as asked for
+        self._calibration: OnlineCalibrationConfig | None = None  # the loaded engine's
         self._dtype: str | None = None  # the precision the first load chose
 
     @property
@@ -131,15 +153,20 @@ class EngineRunner:
     def __call__(self, run: RunRequest) -> RunOutput:
         from tokenpace.workload.spec import with_known_lengths
 
-        if self._backend is not None and run.kv_cache_tokens != self._kv_cache_tokens:
+        loaded_for = (self._kv_cache_tokens, self._calibration)
+        if self._backend is not None and (
+            (run.kv_cache_tokens, run.online_calibration) != loaded_for
+        ):
             self.close()
         if self._backend is None:
             engine = self._setup.engine
             config = self._setup.config(run.kv_cache_tokens)
             self._backend = open_backend(
-                engine, run.profile, run.scheduler, self._clock, config, self._dtype
-            )
+                engine, run.profile, run.scheduler, self._clock, config, self._dtype,
+                run.online_calibration,
+            )  # fmt: skip
             self._kv_cache_tokens = run.kv_cache_tokens
+            self._calibration = run.online_calibration
             self._dtype = self._backend.dtype_choice.dtype
         backend = self._backend
         specs = with_known_lengths(run.specs)
@@ -149,7 +176,8 @@ class EngineRunner:
             replay(burst, backend, IGNORE_EOS, self._clock, self._sleep)
         backend.use_policy(run.scheduler, run.profile, run.slo, run.record_steps)
         outcome = replay(specs, backend, IGNORE_EOS, self._clock, self._sleep)
-        return RunOutput(outcome.requests, {0: outcome.steps})
+        counters = calibration_counters(backend.load_state().live_profile)
+        return RunOutput(outcome.requests, {0: outcome.steps}, counters)
 
     def close(self) -> None:
         if self._backend is not None:

@@ -22,6 +22,7 @@ from tokenpace.metrics.qoe import QoeConfig
 from tokenpace.metrics.run_metrics import RunKey, summarize_run
 from tokenpace.metrics.slo import Slo
 from tokenpace.pool.config import PoolConfig
+from tokenpace.profiling.online import OnlineCalibrationConfig
 from tokenpace.runtime.step_loop import StepRecord
 from tokenpace.workload.spec import Workload
 
@@ -51,6 +52,10 @@ class MatrixConfig:
     # the runs are always judged by (goodput, attainment). Set to pace a policy to other
     # objectives than the ones it is measured against (``bench/pacing_frontier.py``).
     policy_slo: Slo | None = None
+    # A real engine refits the policy's profile from the steps it runs, as ``serve`` does
+    # by default (None: the policy keeps ``profile``). The simulators ignore it: their
+    # engine runs at its profile.
+    online_calibration: OnlineCalibrationConfig | None = None
 
     def __post_init__(self) -> None:
         if self.kv_cache_tokens is not None and (
@@ -100,6 +105,7 @@ def _run_cell(cell: CellSpec, runner: Runner) -> CellResult:
             router=part.router,
             record_steps=cell.keep_detail,
             kv_cache_tokens=part.kv_cache_tokens,
+            online_calibration=part.online_calibration,
         )
     )
     key = RunKey(cell.scheduler, cell.workload.name, part.engine, cell.seed)

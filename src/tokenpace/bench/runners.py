@@ -15,6 +15,7 @@ from tokenpace.metrics.slo import Slo
 from tokenpace.policy.base import build_policy
 from tokenpace.pool.config import PoolConfig
 from tokenpace.pool.simulate import simulate_pool
+from tokenpace.profiling.online import OnlineCalibrationConfig
 from tokenpace.runtime.step_loop import StepRecord
 from tokenpace.sim.run import simulate
 from tokenpace.workload.spec import RequestSpec
@@ -26,7 +27,8 @@ class RunRequest:
     ``kv_cache_tokens`` to real engines only (the KV cache to run with, tokens; None: the
     engine's own size), the simulators take the profile's. ``engine_profile`` matters to the
     single-server simulator only: the step times its engine runs at, where they are not the
-    ``profile`` the policy plans with (None: they are)."""
+    ``profile`` the policy plans with (None: they are). ``online_calibration`` matters to
+    real engines only: refit the policy's profile from the run's steps (None: keep it)."""
 
     scheduler: str
     specs: Sequence[RequestSpec]
@@ -38,6 +40,7 @@ class RunRequest:
     record_steps: bool = True
     kv_cache_tokens: int | None = None
     engine_profile: EngineProfile | None = None
+    online_calibration: OnlineCalibrationConfig | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,9 @@ def part_document(part: MatrixConfig) -> dict[str, Any]:
         "profile": asdict(part.profile),
         "qoe": asdict(part.qoe),
         "kv_cache_tokens": part.kv_cache_tokens,
+        "online_calibration": (
+            asdict(part.online_calibration) if part.online_calibration is not None else None
+        ),
     }
 
 

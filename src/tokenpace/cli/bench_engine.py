@@ -31,6 +31,7 @@ from tokenpace.metrics.slo import (
     tpot_scale,
     ttft_scale,
 )
+from tokenpace.profiling.online import OnlineCalibrationConfig
 from tokenpace.workload.main_experiment import PoissonWorkload
 from tokenpace.workload.scenarios import KV_PRESSURE_BLOCKS
 
@@ -111,6 +112,7 @@ def real_engine_parts(options: BenchOptions, plan: PlanOptions) -> tuple[list[Ma
         schedulers=tuple(n for n in names if n not in ROUTING_BASELINES),
         workloads=workloads, seeds=plan.seeds, profile=profile,
         slo=slo, runner=options.engine, engine=options.engine, prompts=plan.prompts,
+        online_calibration=OnlineCalibrationConfig() if options.online_calibration else None,
     )  # fmt: skip
     notes = [
         f"Engine `{options.engine}` at CPU scale, profile {profile.name} (l_min "
@@ -122,6 +124,13 @@ def real_engine_parts(options: BenchOptions, plan: PlanOptions) -> tuple[list[Ma
         f"{reference.name} ({main_load_factor(reference):.2f}x), `high` at "
         f"{workloads[1].rate_per_s:.2f} req/s (1.2x its knee, measured on the simulator with "
         f"the engine's profile under this SLO), {NUM_REQUESTS} requests each.",
+        "Online calibration: "
+        + (
+            "each run refits its policy's profile from the steps it serves, from the fitted "
+            "profile on (as `tokenpace serve` does by default)."
+            if options.online_calibration
+            else "off; the policies plan with the fitted profile throughout."
+        ),
     ]
     runs = [(profile, workload) for workload in workloads]
     if options.engine != "native":

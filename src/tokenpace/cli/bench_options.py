@@ -61,6 +61,13 @@ class BenchOptions:
         "fitted profile sizes them and the policies plan with it, unless --profile).",
         choices=bench_engines,
     )
+    online_calibration: bool = option(
+        True,
+        "With a real --engine: each run refits its policy's profile (l_min, alpha, prefill "
+        "cost) from the steps it serves, from the fitted profile on, as `tokenpace serve` "
+        "does by default; --no-online-calibration keeps the fitted profile. --fidelity "
+        "always keeps it (the simulator runs the same policy on the same profile).",
+    )
     fidelity: bool = option(
         False, "With a real --engine: the same workload on the engine and the simulator, errors."
     )

@@ -28,7 +28,8 @@ DISTRIBUTION_METRICS = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
 COUNTER_METRICS = (
     "num_cold_starts", "num_migrations", "computed_tokens", "recomputed_share",
     "container_seconds", "goodput_per_container_s", "num_scale_outs", "scale_out_waiting_mean",
-    "num_rejected", *SLO_MISS_FIELDS,
+    "num_rejected", *SLO_MISS_FIELDS, "calibrated_l_min_ms", "calibrated_alpha_ms",
+    "calibrated_prefill_ms_per_token", "calibration_shifts",
 )  # fmt: skip
 
 
