@@ -91,8 +91,10 @@ class VllmBackend:
     def _calibrate_from(self, profile: EngineProfile) -> None:
         """Start online calibration from ``profile`` (when configured): the scheduler feeds
         every step to the estimator and hands its refits to the policy."""
-        if self._calibration is not None:
-            self._scheduler.calibrator = OnlineProfileEstimator(profile, self._calibration)
+        calibration = self._calibration
+        self._scheduler.calibrator = (
+            None if calibration is None else OnlineProfileEstimator(profile, calibration)
+        )
 
     @property
     def live_profile(self) -> EngineProfile:
