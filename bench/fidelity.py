@@ -54,6 +54,7 @@ from tokenpace.core.cache import default_cache_dir, stale_reason
 from tokenpace.core.config import option
 from tokenpace.engine.profile import EngineProfile, load_profile
 from tokenpace.metrics.slo import scaled_slo
+from tokenpace.profiling.online import OnlineCalibrationConfig
 from tokenpace.profiling.run import BENCH_PROFILE_SWEEPS, default_sweep, run_profile
 from tokenpace.profiling.sweep import SweepConfig
 
@@ -130,6 +131,12 @@ class Settings:
     slo_ttft_ms: float | None = option(None, "TTFT SLO of the knee (default scaled to l_min).")
     slo_tpot_ms: float | None = option(None, "TPOT SLO of the knee (default scaled to l_min).")
     cache_dir: Path | None = option(None, "Profiles and knees cache.")
+    online_calibration: bool = option(
+        False,
+        "Every run, on the engine and on the simulator, refits its policy's profile from its "
+        "own steps (as `tokenpace serve` runs an engine); default: every policy plans with "
+        "the fitted profile throughout.",
+    )
     profile_max_age_h: float = option(
         1.0,
         "Profile an engine again when its cached profile is older than this (hours; 0: every "
@@ -184,8 +191,9 @@ def run(args: Settings) -> None:
         with RunnerSet() as runners:
             for load, workload in workloads.items():
                 measured = measure_fidelity(
-                    runners, engine, args.scheduler, workload, args.seed, profile, slo, repeats
-                )
+                    runners, engine, args.scheduler, workload, args.seed, profile, slo, repeats,
+                    OnlineCalibrationConfig() if args.online_calibration else None,
+                )  # fmt: skip
                 errors = {NAMES[k]: round(v, 4) for k, v in measured.relative_error.items()}
                 eq2_errors = {NAMES[k]: round(v, 4) for k, v in measured.eq2_relative_error.items()}
                 no_wake = {

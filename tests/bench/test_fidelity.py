@@ -13,6 +13,7 @@ from tokenpace.bench.runners import Runner, RunnerSet, StatelessRunner, run_sing
 from tokenpace.engine.latency_model import LatencyModel, PrefillChunk, StepShape
 from tokenpace.engine.profile import load_profile
 from tokenpace.metrics.slo import Slo
+from tokenpace.profiling.online import OnlineCalibrationConfig
 from tokenpace.workload.main_experiment import PoissonWorkload
 
 PROFILE = load_profile("v100-llama-3.2-3b")
@@ -126,3 +127,22 @@ def test_at_speed_scales_decode_and_prefill_terms_apart() -> None:
     )
     prefill_only = StepShape((), (PrefillChunk(512, 128),))
     assert split.shape_s(prefill_only) == pytest.approx(0.5 * model.shape_s(prefill_only))
+
+
+def test_under_online_calibration_twp_on_a_slow_machine_queues_less() -> None:
+    """The "real" engine runs 1.5x slower than its profile. Planning with the profile, twp
+    reads the slower steps as a slowdown and holds admissions back; calibrating online,
+    real and simulated runs alike, it paces against the machine's own l_min, so the real
+    runs queue less and the simulator's TTFT errors shrink (the step times stay 1.5x)."""
+    measured = {}
+    for calibration in (None, OnlineCalibrationConfig()):
+        with SlowMachine(1.5) as runners:
+            measured[calibration is not None] = measure_fidelity(
+                runners, "slow", "twp", WORKLOAD, 3, PROFILE, SLO, repeats=2,
+                online_calibration=calibration,
+            )  # fmt: skip
+    fixed, live = measured[False], measured[True]
+    for name in ("ttft_p50", "ttft_p99"):
+        assert live.real[name] < 0.8 * fixed.real[name]
+        assert abs(live.relative_error[name]) < abs(fixed.relative_error[name])
+    assert live.real["itl_mean"] > 1.4 * PROFILE.l_min_ms

@@ -263,6 +263,9 @@ def test_online_calibration_hands_the_refitted_profile_to_the_policy(
     assert static.config.l_min_ms == 43.0
     live = TwpPolicy(TwpConfig.from_profile(paper_profile))
     calibration = OnlineCalibrationConfig()
-    simulate(specs, live, engine_profile, np.random.default_rng(0), calibration=calibration)
+    simulate(
+        specs, live, engine_profile, np.random.default_rng(0), calibration=calibration,
+        policy_profile=paper_profile,
+    )  # fmt: skip
     assert live.config.l_min_ms == pytest.approx(70.0, rel=0.05)
     assert live.window.slowdown < static.window.slowdown

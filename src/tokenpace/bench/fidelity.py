@@ -20,6 +20,7 @@ from tokenpace.engine.latency_model import LatencyModel, PrefillChunk
 from tokenpace.engine.profile import EngineProfile
 from tokenpace.metrics.run_metrics import RunKey, summarize_run
 from tokenpace.metrics.slo import Slo
+from tokenpace.profiling.online import OnlineCalibrationConfig
 from tokenpace.runtime.step_loop import StepRecord
 from tokenpace.workload.main_experiment import (
     PAPER_OUTPUT_LENGTHS,
@@ -303,13 +304,17 @@ def _value(run: Mapping[str, Any], path: tuple[str, ...]) -> float:
 def measure_fidelity(
     runners: RunnerSet, engine: str, scheduler: str, workload: Workload, seed: int,
     profile: EngineProfile, slo: Slo, repeats: int = 1,
+    online_calibration: OnlineCalibrationConfig | None = None,
 ) -> FidelityResult:  # fmt: skip
     """Run ``workload`` (seed ``seed``) under ``scheduler`` ``repeats`` times on ``engine``
     and as often on the simulator with ``profile`` (and with ``profile`` on Eq. 2 alone;
     without its idle wake cost; and at the real runs' speed, ``at_speed``; simulated repeat
     r draws its step noise from ``[seed, 1 + r]``), all from ``runners``
     (the engine stays loaded for the next call); relative error = (simulated - real) / real
-    of each compared metric's mean over the repeats. Raises ValueError for ``repeats`` < 1."""
+    of each compared metric's mean over the repeats. Under ``online_calibration`` every
+    run, real and simulated, refits the policy's profile from its own steps, starting from
+    ``profile`` (as ``tokenpace serve`` runs an engine); None: every policy keeps
+    ``profile``. Raises ValueError for ``repeats`` < 1."""
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
     # Real engines stop requests through max_tokens: the simulator gets the same caps.
@@ -328,7 +333,15 @@ def measure_fidelity(
         for repeat in range(repeats):
             rng = np.random.default_rng([seed, 1 + repeat])
             output = runners.get(runner)(
-                RunRequest(scheduler, specs, run_profile, rng, slo, engine_profile=engine)
+                RunRequest(
+                    scheduler,
+                    specs,
+                    run_profile,
+                    rng,
+                    slo,
+                    engine_profile=engine,
+                    online_calibration=online_calibration,
+                )
             )
             key = RunKey(scheduler, workload.name, runner, seed)
             runs.setdefault(label, []).append(summarize_run(key, output.requests, 0.0, slo))

@@ -52,9 +52,9 @@ class MatrixConfig:
     # the runs are always judged by (goodput, attainment). Set to pace a policy to other
     # objectives than the ones it is measured against (``bench/pacing_frontier.py``).
     policy_slo: Slo | None = None
-    # A real engine refits the policy's profile from the steps it runs, as ``serve`` does
-    # by default (None: the policy keeps ``profile``). The simulators ignore it: their
-    # engine runs at its profile.
+    # A real engine (or the single-server simulator) refits the policy's profile from the
+    # steps it runs, as ``serve`` does by default (None: the policy keeps ``profile``). The
+    # pool ignores it.
     online_calibration: OnlineCalibrationConfig | None = None
 
     def __post_init__(self) -> None:

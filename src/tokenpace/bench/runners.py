@@ -28,7 +28,8 @@ class RunRequest:
     engine's own size), the simulators take the profile's. ``engine_profile`` matters to the
     single-server simulator only: the step times its engine runs at, where they are not the
     ``profile`` the policy plans with (None: they are). ``online_calibration`` matters to
-    real engines only: refit the policy's profile from the run's steps (None: keep it)."""
+    real engines and the single-server simulator: refit the policy's profile from the
+    run's steps, starting from ``profile`` (None: keep it)."""
 
     scheduler: str
     specs: Sequence[RequestSpec]
@@ -106,7 +107,10 @@ def run_single_server(run: RunRequest) -> RunOutput:
     """One simulated server running the policy named ``run.scheduler``."""
     policy = build_policy(run.scheduler, run.profile, run.slo)
     engine_profile = run.engine_profile or run.profile
-    outcome = simulate(run.specs, policy, engine_profile, run.rng, run.record_steps)
+    outcome = simulate(
+        run.specs, policy, engine_profile, run.rng, run.record_steps,
+        calibration=run.online_calibration, policy_profile=run.profile,
+    )  # fmt: skip
     return RunOutput(
         outcome.requests,
         {0: outcome.steps},

@@ -65,8 +65,8 @@ class BenchOptions:
         True,
         "With a real --engine: each run refits its policy's profile (l_min, alpha, prefill "
         "cost) from the steps it serves, from the fitted profile on, as `tokenpace serve` "
-        "does by default; --no-online-calibration keeps the fitted profile. --fidelity "
-        "always keeps it (the simulator runs the same policy on the same profile).",
+        "does by default; --no-online-calibration keeps the fitted profile. Under "
+        "--fidelity the simulator's runs calibrate alike.",
     )
     fidelity: bool = option(
         False, "With a real --engine: the same workload on the engine and the simulator, errors."

@@ -40,16 +40,20 @@ def simulate(
     rng: np.random.Generator,
     record_steps: bool = True,
     calibration: OnlineCalibrationConfig | None = None,
+    policy_profile: EngineProfile | None = None,
 ) -> SimOutcome:
     """Replay ``specs`` through one server running ``policy`` on a SimEngine (which stops
     each request at its true output length); returns when every request has finished.
     ``calibration``: refit the profile online from the simulated steps and hand it to the
-    policy (default None: the policy keeps ``profile``, as every benchmark assumes)."""
+    policy (default None: the policy keeps ``profile``, as every simulator benchmark
+    assumes), starting from ``policy_profile``, the profile the policy was built with, when
+    it is not the engine's ``profile``."""
     kernel = EventKernel()
     engine = SimEngine(profile, rng, true_output_lengths(specs))
     loop = StepLoop(policy, engine, record_steps=record_steps)
     if calibration is not None:
-        loop.calibrator = OnlineProfileEstimator(profile, calibration)
+        start = policy_profile if policy_profile is not None else profile
+        loop.calibrator = OnlineProfileEstimator(start, calibration)
     server = SimServer(kernel, loop, idle_wake=profile.idle_wake_s)
     requests = to_requests(specs)
     for request in requests:
