@@ -9,12 +9,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tokenpace.engine.latency_model import LatencyModel, PrefillChunk
+from tokenpace.engine.latency_model import LatencyModel, PrefillChunk, StepShape
 from tokenpace.engine.profile import EngineProfile, load_profile
 from tokenpace.profiling.online import OnlineCalibrationConfig, OnlineProfileEstimator
 
 # Stated bound: after a change of speed the live l_min is within 10% of the new level in at
-# most this many steps (3 to detect the change, a few to refit, up to 3 to publish).
+# most this many steps (4 to detect the change, a few to refit, up to 3 to publish).
 FOLLOW_STEPS = 16
 
 
@@ -220,3 +220,23 @@ def test_a_prefill_floor_is_a_fixed_shape_that_moves_with_l_min() -> None:
     assert live.prefill_floor_ms == pytest.approx(50.0, rel=0.05)
     assert live.prefill_ms_per_token == pytest.approx(0.2, rel=0.1)
     assert estimator.predict_ms(0, 64) == pytest.approx(50.0 + 64 * 0.2, rel=0.03)
+
+
+def test_the_steps_context_terms_are_a_fixed_shape_not_absorbed_into_l_min() -> None:
+    """Decode attention costs 2 ms per thousand context tokens: told each step's contexts,
+    the estimator keeps l_min where it is; counting tokens alone, l_min absorbs the served
+    steps' mean attention cost, which the published profile would then charge again."""
+    attending = replace(truth(), decode_attention_ms_per_kctx=2.0)
+    model = LatencyModel(attending)
+    rng = np.random.default_rng(6)
+    told = OnlineProfileEstimator(attending, OnlineCalibrationConfig())
+    counted = OnlineProfileEstimator(attending, OnlineCalibrationConfig())
+    for i in range(300):
+        batch = int(rng.integers(1, 25))
+        shape = StepShape(tuple(int(c) for c in rng.integers(200, 2000, batch)), ())
+        seconds = model.shape_s(shape) * (1 + 0.02 * rng.standard_normal())
+        told.observe(Step(seconds, batch, 0), float(i), shape)
+        counted.observe(Step(seconds, batch, 0), float(i))
+    assert told.profile.l_min_ms == pytest.approx(30.0, rel=0.03)
+    assert told.profile.alpha_ms == pytest.approx(1.5, rel=0.1)
+    assert counted.profile.l_min_ms > 1.1 * 30.0

@@ -7,11 +7,16 @@ The model is the one the offline fit and the simulator use (``engine.latency_mod
 with B the step's decoding requests, P its prefill tokens, the knee B0 fixed at the offline
 profile's, and the context (attention) terms, the decode residual (the measured curve's
 departure from Eq. 2, a fixed shape) and a prefill-only step's floor (as its excess over
-l_min) left at their offline values. The four terms
+l_min) left at their offline values. Given the step's shape (each decoding request's
+context and each prefill chunk's start), its context terms at their offline values are
+taken out of the measured latency before the fit, as the other fixed terms are: without
+that, l_min would absorb the served steps' mean attention cost, which the published profile
+then charges again on top. The four terms
 are the exponentially weighted least-squares solution (recursive least squares with a
 forgetting factor, solved exactly from its sufficient statistics) with a weak ridge toward
-the offline profile, so a direction the served steps never excite (say alpha while every
-batch stays below B0) keeps its offline value instead of drifting (RLS "wind-up").
+the offline profile (worth ``prior_steps`` steps), so a direction the served steps never
+excite (say alpha while every batch stays below B0) keeps its offline value instead of
+drifting (RLS "wind-up"), and the first updates, from a handful of steps, stay near it.
 
 Robustness: a residual beyond ``clip_sigmas`` robust spreads of the current fit is clipped
 to that bound before it enters the fit, so a lone slow step (a page fault, another process
@@ -33,7 +38,7 @@ from typing import Protocol
 import numpy as np
 
 from tokenpace.core.config import option, require_positive
-from tokenpace.engine.latency_model import LatencyModel
+from tokenpace.engine.latency_model import LatencyModel, StepShape
 from tokenpace.engine.profile import EngineProfile
 
 # Feature scales: a prefill chunk of this many tokens counts as one unit, so the ridge and
@@ -55,7 +60,7 @@ class OnlineCalibrationConfig:
     clip_sigmas: float = option(4.0, "Residuals beyond this many robust spreads are clipped.")
     spread_ema: float = option(0.05, "Weight of the newest step in the robust spread.")
     shift_window: int = option(5, "Recent residuals inspected for a change of speed.")
-    shift_votes: int = option(3, "Residuals beyond the bound, same side, that signal a change.")
+    shift_votes: int = option(4, "Residuals beyond the bound, same side, that signal a change.")
     shift_discount: float = option(0.1, "Weight left to past steps when a change is detected.")
     prior_steps: float = option(0.01, "Weight of the offline profile, in steps.")
 
@@ -157,13 +162,19 @@ class OnlineProfileEstimator:
         """The published profile's figures, for metrics."""
         return LiveProfile.of(self.profile, self.num_steps, self.num_shifts, self.updated_s)
 
-    def observe(self, step: TimedStep, now_s: float) -> EngineProfile | None:
+    def observe(
+        self, step: TimedStep, now_s: float, shape: StepShape | None = None
+    ) -> EngineProfile | None:
+        """Fold in ``step`` (``shape``: its decode contexts and prefill chunks, whose
+        context terms are then taken out at their offline values; None: a step at no
+        context)."""
         num_decode, num_prefill = step.num_decode_tokens, step.num_prefill_tokens
         if step.latency_s <= 0 or num_decode + num_prefill <= 0:
             return None
         cfg = self.config
         x = self._features(num_decode, num_prefill)
-        measured_ms = step.latency_s * 1000.0 - self._fixed_ms(num_decode, num_prefill)
+        fixed_ms = self._fixed_ms(num_decode, num_prefill) + self._context_ms(shape)
+        measured_ms = step.latency_s * 1000.0 - fixed_ms
         predicted_ms = float(x @ self._theta)
         residual = measured_ms - predicted_ms
         bound = cfg.clip_sigmas * max(self._spread_ms, _MIN_SPREAD_FRACTION * abs(predicted_ms))
@@ -208,6 +219,17 @@ class OnlineProfileEstimator:
         return self._shape.shape_ms(num_decode) + self._shape.step_residual_ms(
             num_decode, num_prefill
         )
+
+    def _context_ms(self, shape: StepShape | None) -> float:
+        """The base profile's context terms of ``shape`` (decode and prefill attention):
+        its step time over the same step at no context."""
+        if shape is None:
+            return 0.0
+        flat = StepShape(
+            tuple(0 for _ in shape.decode_contexts),
+            tuple(replace(chunk, context_start=0) for chunk in shape.prefill_chunks),
+        )
+        return 1000.0 * (self._shape.shape_s(shape) - self._shape.shape_s(flat))
 
     def _shift_ratio(self) -> float | None:
         """When ``shift_votes`` of the recent residuals lie beyond the bound on one side, the

@@ -149,7 +149,8 @@ class StepLoop:
         if not chunks:
             return None
         # Read before the engine advances the requests' computed tokens.
-        shape = StepShape.of(chunks) if self.record_steps else None
+        needs_shape = self.record_steps or self.calibrator is not None
+        shape = StepShape.of(chunks) if needs_shape else None
         result = self.engine.execute(chunks)
         self.num_computed_tokens += sum(c.num_tokens for c in chunks)
         return InFlightStep(plan, chunks, result, now_s, num_preempted, shape)
@@ -217,7 +218,7 @@ class StepLoop:
                 )
             )
         if self.calibrator is not None:
-            profile = self.calibrator.observe(result, now_s)
+            profile = self.calibrator.observe(result, now_s, step.shape)
             if profile is not None and isinstance(self.policy, ProfileAware):
                 self.policy.use_profile(profile)
         self.last_step_latency_s = result.latency_s

@@ -37,6 +37,7 @@ from typing import Any
 from tokenpace.core.request import FinishReason, Request
 from tokenpace.core.request import RequestStatus as MirrorStatus
 from tokenpace.core.step import StepPlan, StepState
+from tokenpace.engine.latency_model import StepShape
 from tokenpace.engine.vllm.mirror import RequestMirror
 from tokenpace.engine.vllm.policy_setup import engine_profile, make_policy, prefill_chunk_tokens
 from tokenpace.engine.vllm.settings import SchedulerSettings
@@ -177,6 +178,10 @@ class TokenpaceScheduler(Scheduler):  # type: ignore[misc]
         return output
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        # The step's shape as it was scheduled: read before vLLM appends the new tokens.
+        shape = None
+        if self.calibrator is not None:
+            shape = step_shape(scheduler_output, self.requests)
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         now = self.clock()
         for engine_id in scheduler_output.num_scheduled_tokens:
@@ -189,8 +194,8 @@ class TokenpaceScheduler(Scheduler):  # type: ignore[misc]
         still_busy = bool(self.running) or bool(self.waiting) or bool(self.kv_holding_waiting)
         total = scheduler_output.total_num_scheduled_tokens
         latency = self.timer.completed(now, total, still_busy)
-        if latency is not None and self.calibrator is not None:
-            self._calibrate(scheduler_output.num_scheduled_tokens, int(total), latency, now)
+        if latency is not None and shape is not None:
+            self._calibrate(shape, latency, now)
         return outputs
 
     def finish_requests(self, request_ids: Any, finished_status: Any) -> Any:
@@ -212,15 +217,13 @@ class TokenpaceScheduler(Scheduler):  # type: ignore[misc]
 
     # ---- internals ------------------------------------------------------------------------
 
-    def _calibrate(
-        self, scheduled: dict[str, int], total: int, latency_s: float, now: float
-    ) -> None:
-        """Feed one step to the online calibrator (a request computing one token decodes,
-        the rest is prefill) and hand a published profile to a ``ProfileAware`` policy."""
+    def _calibrate(self, shape: StepShape, latency_s: float, now: float) -> None:
+        """Feed one step of ``shape`` to the online calibrator and hand a published profile
+        to a ``ProfileAware`` policy."""
         assert self.calibrator is not None
-        num_decode = sum(1 for n in scheduled.values() if n == 1)
-        sample = StepSample(latency_s, num_decode, total - num_decode)
-        profile = self.calibrator.observe(sample, now)
+        num_prefill = sum(chunk.num_tokens for chunk in shape.prefill_chunks)
+        sample = StepSample(latency_s, len(shape.decode_contexts), num_prefill)
+        profile = self.calibrator.observe(sample, now, shape)
         if profile is not None and isinstance(self.tokenpace_policy, ProfileAware):
             self.tokenpace_policy.use_profile(profile)
 
