@@ -26,7 +26,6 @@ from tokenpace.core.cache import default_cache_dir, stale_reason
 from tokenpace.engine.profile import EngineProfile, load_profile
 from tokenpace.metrics.qoe import QoeConfig
 from tokenpace.pool.config import PoolConfig
-from tokenpace.profiling.online import OnlineCalibrationConfig
 from tokenpace.workload.gsm8k import load_prompts
 from tokenpace.workload.scenarios import ScenarioConfig
 
@@ -130,7 +129,7 @@ def run_fidelity(options: BenchOptions, plan: PlanOptions) -> None:
     with RunnerSet() as runners:
         result = measure_fidelity(
             runners, options.engine, scheduler, workload, options.seed, plan.profile, plan.slo,
-            online_calibration=OnlineCalibrationConfig() if options.online_calibration else None,
+            online_calibration=options.calibration,
         )  # fmt: skip
     for name, error in result.relative_error.items():
         print(f"{name}: {100 * error:+.1f}%", file=sys.stderr)

@@ -31,7 +31,6 @@ from tokenpace.metrics.slo import (
     tpot_scale,
     ttft_scale,
 )
-from tokenpace.profiling.online import OnlineCalibrationConfig
 from tokenpace.workload.main_experiment import PoissonWorkload
 from tokenpace.workload.scenarios import KV_PRESSURE_BLOCKS
 
@@ -112,7 +111,7 @@ def real_engine_parts(options: BenchOptions, plan: PlanOptions) -> tuple[list[Ma
         schedulers=tuple(n for n in names if n not in ROUTING_BASELINES),
         workloads=workloads, seeds=plan.seeds, profile=profile,
         slo=slo, runner=options.engine, engine=options.engine, prompts=plan.prompts,
-        online_calibration=OnlineCalibrationConfig() if options.online_calibration else None,
+        online_calibration=options.calibration,
     )  # fmt: skip
     notes = [
         f"Engine `{options.engine}` at CPU scale, profile {profile.name} (l_min "

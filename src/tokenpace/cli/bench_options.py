@@ -11,6 +11,7 @@ from tokenpace.core.config import option, require_positive
 from tokenpace.engine.profile import shipped_profiles
 from tokenpace.pool.router import ROUTERS
 from tokenpace.pool.simulate import scheduler_names
+from tokenpace.profiling.online import OnlineCalibrationConfig
 from tokenpace.workload.traces import TRACE_FORMATS
 
 DEFAULT_PROFILE = "v100-llama-3.2-3b"
@@ -139,6 +140,11 @@ class BenchOptions:
                 "BenchOptions.fidelity compares a real engine with the simulator: "
                 "add --engine native"
             )
+
+    @property
+    def calibration(self) -> OnlineCalibrationConfig | None:
+        """What ``online_calibration`` asks of a real engine's runs (None: off)."""
+        return OnlineCalibrationConfig() if self.online_calibration else None
 
     @property
     def num_seeds(self) -> int:

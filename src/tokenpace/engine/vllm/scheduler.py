@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -90,6 +91,9 @@ class TokenpaceScheduler(Scheduler):  # type: ignore[misc]
         self.timer = StepTimer()
         # Online calibration (set by the serving backend): refits the profile every step.
         self.calibrator: OnlineProfileEstimator | None = None
+        # The shapes of the steps scheduled and not yet updated, for the calibrator, oldest
+        # first (vLLM updates outputs in the order it scheduled them).
+        self._scheduled_shapes: deque[tuple[Any, StepShape]] = deque(maxlen=8)
         self.step_index = 0
         self._num_withheld = 0
         self._preempted_ids: list[str] = []
@@ -170,18 +174,19 @@ class TokenpaceScheduler(Scheduler):  # type: ignore[misc]
         self._mirror_preemptions()
         self.timer.scheduled(now, output.total_num_scheduled_tokens)
         planned_tokens = limits.token_budget if limits is not None else None
+        # Read before vLLM appends the step's tokens (``update_from_output``).
+        shape = step_shape(output, self.requests)
+        if self.calibrator is not None:
+            self._scheduled_shapes.append((output, shape))
         self._record(
             now, state, num_waiting, plan, liveness, admitted, output, num_preempted,
-            planned_tokens,
+            planned_tokens, shape,
         )  # fmt: skip
         self.step_index += 1
         return output
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
-        # The step's shape as it was scheduled: read before vLLM appends the new tokens.
-        shape = None
-        if self.calibrator is not None:
-            shape = step_shape(scheduler_output, self.requests)
+        shape = self._scheduled_shape(scheduler_output)
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         now = self.clock()
         for engine_id in scheduler_output.num_scheduled_tokens:
@@ -216,6 +221,18 @@ class TokenpaceScheduler(Scheduler):  # type: ignore[misc]
         super().shutdown()
 
     # ---- internals ------------------------------------------------------------------------
+
+    def _scheduled_shape(self, output: Any) -> StepShape | None:
+        """The shape ``schedule`` read for ``output`` (dropping older ones never updated);
+        None without a calibrator."""
+        if self.calibrator is None:
+            return None
+        while self._scheduled_shapes:
+            scheduled, shape = self._scheduled_shapes.popleft()
+            if scheduled is output:
+                return shape
+        # Scheduled before the calibrator was set: the requests have not advanced yet.
+        return step_shape(output, self.requests)
 
     def _calibrate(self, shape: StepShape, latency_s: float, now: float) -> None:
         """Feed one step of ``shape`` to the online calibrator and hand a published profile
@@ -361,6 +378,7 @@ class TokenpaceScheduler(Scheduler):  # type: ignore[misc]
         output: Any,
         num_preempted: int,
         planned_tokens: int | None,
+        shape: StepShape,
     ) -> None:
         load_before = float(sum(r.remaining_output_tokens for r in state.running))
         load_added = float(sum(r.remaining_output_tokens for r in admitted))
@@ -368,7 +386,6 @@ class TokenpaceScheduler(Scheduler):  # type: ignore[misc]
             sum(r.remaining_output_tokens for r in admitted if r.request_id in plan.forced_ids)
         )
         telemetry = dict(self.tokenpace_policy.telemetry())
-        shape = step_shape(output, self.requests)
         self.step_log.append(
             SchedulerStepRecord(
                 step_index=state.step_index,
