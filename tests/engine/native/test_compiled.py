@@ -3,6 +3,7 @@ and the reason."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -12,6 +13,7 @@ import torch
 
 from tokenpace.core.cache import default_cache_dir
 from tokenpace.engine.native import bf16_rows, elementwise, ragged_attention
+from tokenpace.engine.native.compiled import TORCH_LOCK_FILE, kernel_build_lock
 
 pytestmark = pytest.mark.native
 
@@ -57,3 +59,25 @@ def test_no_kernel_where_it_cannot_run_and_the_reason_is_given(
     assert failed.reason == (
         f"building {what} failed: RuntimeError: Error building extension: c++: not found"
     )
+
+
+def test_a_build_killed_midway_does_not_hold_the_next_load_forever() -> None:
+    """torch's builder waits on its lock file for as long as the file exists, and a build
+    killed mid-way leaves it: the next load of that kernel goes ahead all the same."""
+    cpu = torch.device("cpu")
+    first = elementwise.build_elementwise(KERNELS, cpu, torch.float32)
+    if first.kernel is None:
+        pytest.skip(first.reason)
+    directory = KERNELS / elementwise._module_name()
+    with kernel_build_lock(directory):  # no other build in the directory meanwhile
+        (directory / TORCH_LOCK_FILE).touch()  # what a killed build leaves behind
+    loaded: list[Any] = []
+    worker = threading.Thread(
+        target=lambda: loaded.append(elementwise.build_elementwise(KERNELS, cpu, torch.float32)),
+        daemon=True,
+    )
+    worker.start()
+    worker.join(timeout=300)
+    assert loaded, "the load waited on the lock file of a killed build"
+    assert loaded[0].kernel is not None
+    assert not (directory / TORCH_LOCK_FILE).exists()

@@ -4,11 +4,20 @@ A kernel's module is built by torch's extension builder (``load_inline``) into a
 of its own under the build directory and loaded from there by every later process. Its name
 covers the source, this CPU's instruction-set flags and torch's version, so that a cache
 shared between machines never loads a build made for another CPU or another torch.
+
+Processes that build or load the same kernel at once take turns on an operating-system lock
+of the directory (``kernel_build_lock``), which is released however its holder ends. torch's
+builder keeps a lock file of its own that a killed build leaves behind, and every later
+build or load of that kernel would wait on it forever: under the directory's lock no other
+build is running, so such a file is stale and goes.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -50,6 +59,9 @@ inline void put(uint16_t* p, int64_t i, float v) {
 """
 
 Kernel = TypeVar("Kernel")
+
+BUILD_LOCK_FILE = ".tokenpace-build.lock"
+TORCH_LOCK_FILE = "lock"  # torch's extension builder's lock file in the build directory
 
 
 @dataclass(frozen=True)
@@ -107,6 +119,20 @@ def build_cpu_kernel(
     return build_module(name, kernel, build_dir)
 
 
+@contextmanager
+def kernel_build_lock(directory: Path) -> Iterator[None]:
+    """Hold ``directory``'s build lock (exclusive, released when the holder's process ends,
+    however it ends); the torch lock file a killed build left there is removed on entry."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with (directory / BUILD_LOCK_FILE).open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            (directory / TORCH_LOCK_FILE).unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def build_module(name: str, kernel: CpuKernelSource, build_dir: Path) -> CompiledModule:
     """Build (once: later calls load the cached build from ``build_dir / name``) the
     kernel's C++ source; where building fails (no C++ compiler, say), no module and the
@@ -115,16 +141,16 @@ def build_module(name: str, kernel: CpuKernelSource, build_dir: Path) -> Compile
     try:
         from torch.utils.cpp_extension import load_inline
 
-        directory.mkdir(parents=True, exist_ok=True)
-        module = load_inline(  # type: ignore[no-untyped-call]
-            name,
-            cpp_sources=kernel.source,
-            functions=list(kernel.functions),
-            extra_cflags=[*kernel.cflags, "-fopenmp"],
-            extra_ldflags=["-fopenmp"],
-            build_directory=str(directory),
-            verbose=False,
-        )
+        with kernel_build_lock(directory):
+            module = load_inline(  # type: ignore[no-untyped-call]
+                name,
+                cpp_sources=kernel.source,
+                functions=list(kernel.functions),
+                extra_cflags=[*kernel.cflags, "-fopenmp"],
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(directory),
+                verbose=False,
+            )
     except Exception as error:  # any build failure leaves torch's own operations in charge
         lines = str(error).strip().splitlines()
         detail = f": {lines[0]}" if lines else ""
