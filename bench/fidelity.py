@@ -11,6 +11,9 @@ request runs to its drawn output length on both. A real engine does not repeat i
 2-core CPU two runs of the same workload and seed at 1.5x the knee gave a p50 TTFT of 565
 and 800 ms. Each load's line on stderr gives the real runs' spread ((highest - lowest) /
 mean per metric), the error a perfect simulator would still show against one of them.
+Each load runs 48 requests by default: with 24, two repeats of a load on the native engine
+had their TTFT p50 6-47% apart (p99, the largest of 24, 1-22%; six loads); with 48, 6-22%
+(1-8%; three loads), at 260 s of runs for the three loads.
 The knee's SLO is tokenpace bench's default (TTFT 2 s, TPOT 100 ms) scaled to the engine's
 profile as ``tokenpace bench --engine`` scales it (``metrics.slo.scaled_slo``), unless given.
 Each load's line on stderr also gives the errors of a simulator on Eq. 2 alone (the profile
@@ -113,6 +116,9 @@ def engine_profile(
     return load_profile(path)
 
 
+DEFAULT_REQUESTS = 48  # requests per load (see the module doc)
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     """The flags of ``bench/fidelity.py``."""
@@ -120,7 +126,7 @@ class Settings:
     engines: tuple[str, ...] = option(ENGINES, "Engines to compare.", choices=ENGINES)
     scheduler: str = option("twp", "Policy run on the engine and the simulator.")
     seed: int = option(0, "Workload seed.")
-    requests: int | None = option(None, "Requests per load (default 24; 6 with --quick).")
+    requests: int | None = option(None, "Requests per load (default 48; 6 with --quick).")
     repeats: int | None = option(
         None,
         "Runs of each load on the real engine, and as many on the simulator; errors are "
@@ -164,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 def run(args: Settings) -> None:
     """Profile each engine, find its knee, run the three loads; print the JSON line."""
     engines = list(args.engines)
-    num_requests = args.requests or (6 if args.quick else 24)
+    num_requests = args.requests or (6 if args.quick else DEFAULT_REQUESTS)
     repeats = args.repeats or (1 if args.quick else 2)
     cache_dir = args.cache_dir or default_cache_dir()
     for engine in engines:
