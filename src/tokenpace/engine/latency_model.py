@@ -46,6 +46,11 @@ class StepShape:
                 decode.append(computed)
         return cls(tuple(decode), tuple(prefill))
 
+    @property
+    def num_prefill_tokens(self) -> int:
+        """The prefill chunks' tokens together."""
+        return sum(chunk.num_tokens for chunk in self.prefill_chunks)
+
 
 class LatencyModel:
     """Deterministic step latency in seconds (the simulator multiplies in noise)."""

@@ -74,7 +74,7 @@ class SimEngine(BlockAccountedEngine):
             latency_s=latency,
             sampled_token_ids=sampled,
             stopped_ids=frozenset(stopped),
-            num_prefill_tokens=sum(c.num_tokens for c in shape.prefill_chunks),
+            num_prefill_tokens=shape.num_prefill_tokens,
             num_decode_tokens=len(shape.decode_contexts),
             num_used_blocks=self._blocks.num_used_blocks,
             num_total_blocks=self._blocks.num_total_blocks,

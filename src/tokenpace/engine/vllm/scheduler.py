@@ -238,8 +238,7 @@ class TokenpaceScheduler(Scheduler):  # type: ignore[misc]
         """Feed one step of ``shape`` to the online calibrator and hand a published profile
         to a ``ProfileAware`` policy."""
         assert self.calibrator is not None
-        num_prefill = sum(chunk.num_tokens for chunk in shape.prefill_chunks)
-        sample = StepSample(latency_s, len(shape.decode_contexts), num_prefill)
+        sample = StepSample(latency_s, len(shape.decode_contexts), shape.num_prefill_tokens)
         profile = self.calibrator.observe(sample, now, shape)
         if profile is not None and isinstance(self.tokenpace_policy, ProfileAware):
             self.tokenpace_policy.use_profile(profile)
