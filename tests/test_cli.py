@@ -58,6 +58,15 @@ def test_bench_runs_and_prints_table(tmp_path: Path) -> None:
     document = json.loads((tmp_path / "results.json").read_text())
     assert {r["scheduler"] for r in document["runs"]} == {"twp", "fcfs"}
     assert (tmp_path / "report.md").exists() and (tmp_path / "requests.csv").exists()
+    # Standard error is a pipe here, where no progress bar draws: a line per finished run.
+    finished = re.findall(r"^run (\d+)/4 done: (\w+) on main, seed (\d)", result.stderr, re.M)
+    assert [int(n) for n, _, _ in finished] == [1, 2, 3, 4]
+    assert sorted((name, int(seed)) for _, name, seed in finished) == [
+        ("fcfs", 0),
+        ("fcfs", 1),
+        ("twp", 0),
+        ("twp", 1),
+    ]
 
 
 def test_whole_evaluation_is_deterministic_for_a_seed(tmp_path: Path) -> None:

@@ -9,11 +9,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import Progress
+from rich.progress import Progress, TaskID
 
 from tokenpace.bench.cpu_scale import cpu_main
 from tokenpace.bench.fidelity import measure_fidelity
-from tokenpace.bench.matrix import MatrixConfig
+from tokenpace.bench.matrix import CellSpec, MatrixConfig
 from tokenpace.bench.presets import PRESETS, PlanOptions
 from tokenpace.bench.runners import RunnerSet
 from tokenpace.bench.suite import num_cells, run_bench
@@ -153,6 +153,29 @@ def plan_parts(options: BenchOptions, plan: PlanOptions) -> tuple[list[MatrixCon
     return PRESETS.get(options.preset)(plan), []
 
 
+class RunProgress:
+    """Counts finished runs on the progress bar; where standard error is not a terminal
+    (a log file, CI), where the bar does not draw, it prints a line per finished run
+    instead, so a long real-engine bench shows where it is."""
+
+    def __init__(
+        self, progress: Progress, task: TaskID, console: Console, total: int, started_s: float
+    ) -> None:
+        self.progress, self.task, self.console = progress, task, console
+        self.total, self.started_s, self.num_done = total, started_s, 0
+
+    def done(self, cell: CellSpec) -> None:
+        """Record that ``cell`` finished."""
+        self.num_done += 1
+        self.progress.advance(self.task)
+        if not self.console.is_terminal:
+            self.console.print(
+                f"run {self.num_done}/{self.total} done: {cell.scheduler} on "
+                f"{cell.workload.name}, seed {cell.seed} "
+                f"({time.monotonic() - self.started_s:.0f} s)"
+            )
+
+
 def execute(parts: list[MatrixConfig], options: BenchOptions, notes: list[str]) -> None:
     """Run every cell with a progress bar, write the results, print the table."""
     if any(not p.schedulers for p in parts):
@@ -162,10 +185,12 @@ def execute(parts: list[MatrixConfig], options: BenchOptions, notes: list[str]) 
     console = Console(stderr=True)
     started = time.monotonic()
     with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("simulating", total=num_cells(parts))
+        label = "simulating" if options.engine == "sim" else f"running on {options.engine}"
+        task = progress.add_task(label, total=num_cells(parts))
+        report = RunProgress(progress, task, console, num_cells(parts), started)
         outcome = run_bench(
             parts, options.out, str(options.prompts) if options.prompts else None,
-            workers=workers, on_done=lambda _cell: progress.advance(task), notes=tuple(notes),
+            workers=workers, on_done=report.done, notes=tuple(notes),
         )  # fmt: skip
     print_summary(Console(width=170), outcome.document["summary"])
     console.print(
