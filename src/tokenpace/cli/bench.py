@@ -186,8 +186,10 @@ def execute(parts: list[MatrixConfig], options: BenchOptions, notes: list[str]) 
     started = time.monotonic()
     with Progress(console=console, transient=True) as progress:
         label = "simulating" if options.engine == "sim" else f"running on {options.engine}"
-        task = progress.add_task(label, total=num_cells(parts))
-        report = RunProgress(progress, task, console, num_cells(parts), started)
+        total = num_cells(parts)
+        report = RunProgress(
+            progress, progress.add_task(label, total=total), console, total, started
+        )
         outcome = run_bench(
             parts, options.out, str(options.prompts) if options.prompts else None,
             workers=workers, on_done=report.done, notes=tuple(notes),
